@@ -1,0 +1,39 @@
+"""ppo_async: asynchronous PPO in JAX — sampling throughput, policy lag and learning efficiency."""
+
+from ppo_async import losses
+from ppo_async.config import (
+    Config,
+    ConfigError,
+    NetworkConfig,
+    PPOConfig,
+    RolloutConfig,
+    config_from_dict,
+    config_to_dict,
+    replace_path,
+)
+from ppo_async.envs import Env, make_env
+from ppo_async.metrics import NonFiniteError, read_jsonl
+from ppo_async.networks import ActorCritic, make_actor_critic
+from ppo_async.train import TrainResult, train
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActorCritic",
+    "Config",
+    "ConfigError",
+    "Env",
+    "NetworkConfig",
+    "NonFiniteError",
+    "PPOConfig",
+    "RolloutConfig",
+    "TrainResult",
+    "config_from_dict",
+    "config_to_dict",
+    "losses",
+    "make_actor_critic",
+    "make_env",
+    "read_jsonl",
+    "replace_path",
+    "train",
+]

@@ -1,0 +1,305 @@
+"""Typed, frozen configuration.
+
+`Config` holds the run-level fields (env name, mode, seed, budget, run dir) plus one
+section per concern: `rollout` (envs and trajectory shape), `ppo` (the update), `network`.
+Every section validates itself at construction and raises `ConfigError` naming the field
+(with its section prefix), the value and what is allowed. Derived sizes are properties.
+
+Serialise with `config_to_dict` / `config_from_dict` (JSON-friendly, nested by section).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+MODES = ("sync",)
+ACTIVATIONS = ("tanh", "relu", "gelu", "silu")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field, the value and the rule."""
+
+
+def _fail(name: str, value: Any, rule: str) -> None:
+    raise ConfigError(f"{name} = {value!r} is invalid: {rule}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        _fail(name, value, "must be a number > 0")
+    if isinstance(value, float) and not math.isfinite(value):
+        _fail(name, value, "must be finite")
+
+
+def _check_non_negative(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+        _fail(name, value, "must be a number >= 0")
+    if isinstance(value, float) and not math.isfinite(value):
+        _fail(name, value, "must be finite")
+
+
+def _check_int(name: str, value: int, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        _fail(name, value, f"must be an integer >= {minimum}")
+
+
+def _check_unit_interval(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 < value <= 1.0:
+        _fail(name, value, "must lie in (0, 1]")
+
+
+def known_env_names() -> tuple[str, ...]:
+    """Names of the registered gymnax environments (imported lazily)."""
+    import gymnax
+
+    return tuple(gymnax.registered_envs)
+
+
+def check_env_name(name: str, field_name: str = "env") -> None:
+    """Raises ConfigError listing the known environments when `name` is not one of them."""
+    known = known_env_names()
+    if name not in known:
+        raise ConfigError(
+            f"{field_name} = {name!r} is not a known gymnax environment; known: {', '.join(known)}"
+        )
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How samples are produced: the vectorised envs and the trajectory shape."""
+
+    num_envs: int = 16
+    """Parallel environments per sampler (the vmap width N)."""
+    num_steps: int = 64
+    """Steps per environment in one rollout (the trajectory length T)."""
+    normalize_obs: bool = True
+    """Normalise observations with running mean/std statistics kept in the train state."""
+    obs_clip: float = 10.0
+    """Normalised observations are clipped to [-obs_clip, obs_clip]."""
+    reward_scale: float = 0.1
+    """Rewards are multiplied by this before GAE (returns reported are unscaled)."""
+    clip_actions: bool = True
+    """Clip continuous actions to the env's bounds before stepping (the stored action is unclipped)."""
+
+    def __post_init__(self) -> None:
+        _check_int("rollout.num_envs", self.num_envs, 1)
+        _check_int("rollout.num_steps", self.num_steps, 1)
+        _check_positive("rollout.obs_clip", self.obs_clip)
+        _check_positive("rollout.reward_scale", self.reward_scale)
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """The PPO update: optimisation, advantage estimation and the clipped objectives."""
+
+    num_epochs: int = 5
+    """Passes over each consumed batch."""
+    num_minibatches: int = 16
+    """Minibatches per epoch; the batch (num_envs * num_steps) must divide evenly."""
+    learning_rate: float = 1e-3
+    """Adam step size."""
+    anneal_lr: bool = True
+    """Linearly decay the learning rate to 0 over the run."""
+    gamma: float = 0.95
+    """Discount factor, in (0, 1]."""
+    gae_lambda: float = 0.95
+    """GAE lambda, in (0, 1]."""
+    clip_eps: float = 0.2
+    """PPO ratio clip range eps: the ratio is clipped to [1 - eps, 1 + eps]."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 (Ye et al. 2020) bounding the loss for negative advantages; None = plain PPO."""
+    value_clip_eps: float | None = None
+    """Clip the value update around the pre-update values by this much; None = no value clipping."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    normalize_advantages: bool = True
+    """Standardise advantages per minibatch."""
+    adam_eps: float = 1e-5
+    """Adam epsilon."""
+
+    def __post_init__(self) -> None:
+        _check_int("ppo.num_epochs", self.num_epochs, 1)
+        _check_int("ppo.num_minibatches", self.num_minibatches, 1)
+        _check_positive("ppo.learning_rate", self.learning_rate)
+        _check_unit_interval("ppo.gamma", self.gamma)
+        _check_unit_interval("ppo.gae_lambda", self.gae_lambda)
+        _check_positive("ppo.clip_eps", self.clip_eps)
+        if self.clip_eps >= 1.0:
+            _fail("ppo.clip_eps", self.clip_eps, "must lie in (0, 1)")
+        if self.dual_clip is not None:
+            if (
+                not isinstance(self.dual_clip, (int, float))
+                or isinstance(self.dual_clip, bool)
+                or not math.isfinite(self.dual_clip)
+                or not self.dual_clip > 1.0
+            ):
+                _fail("ppo.dual_clip", self.dual_clip, "must be None or a finite number > 1")
+        if self.value_clip_eps is not None:
+            _check_positive("ppo.value_clip_eps", self.value_clip_eps)
+        _check_non_negative("ppo.vf_coef", self.vf_coef)
+        _check_non_negative("ppo.ent_coef", self.ent_coef)
+        _check_positive("ppo.max_grad_norm", self.max_grad_norm)
+        _check_positive("ppo.adam_eps", self.adam_eps)
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Actor-critic architecture."""
+
+    actor_hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the policy MLP."""
+    critic_hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the value MLP."""
+    activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
+    """Hidden activation."""
+    shared_torso: bool = False
+    """Share the hidden layers between actor and critic (actor_hidden is used)."""
+    state_dependent_std: bool = False
+    """Gaussian log-std as a network output instead of a learned state-independent vector."""
+    init_log_std: float = 0.0
+    """Initial Gaussian log standard deviation."""
+
+    def __post_init__(self) -> None:
+        for name in ("actor_hidden", "critic_hidden"):
+            widths = getattr(self, name)
+            if not isinstance(widths, (tuple, list)) or not all(
+                isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths
+            ):
+                _fail(f"network.{name}", widths, "must be a sequence of integers >= 1")
+            object.__setattr__(self, name, tuple(widths))
+        if self.activation not in ACTIVATIONS:
+            _fail("network.activation", self.activation, f"must be one of {ACTIVATIONS}")
+        if not -20.0 <= self.init_log_std <= 2.0:
+            _fail("network.init_log_std", self.init_log_std, "must lie in [-20, 2]")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One training run: which env, which execution mode, how long, and every section."""
+
+    env: str = "Pendulum-v1"
+    """gymnax environment name (e.g. Pendulum-v1, CartPole-v1)."""
+    mode: Literal["sync"] = "sync"
+    """Execution mode: sync (strict on-policy, one jitted program per iteration)."""
+    seed: int = 0
+    """Base random seed; seed i of a multi-seed run uses seed + i."""
+    num_seeds: int = 1
+    """Independent seeds trained together in one compile (vmap)."""
+    total_env_steps: int = 300_000
+    """Environment steps per seed; rounded down to whole iterations of num_envs * num_steps."""
+    run_dir: str | None = None
+    """Directory for config.json and metrics.jsonl; None writes nothing."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.env, str):
+            _fail("env", self.env, "must be a gymnax environment name")
+        check_env_name(self.env)
+        if self.mode not in MODES:
+            _fail("mode", self.mode, f"must be one of {MODES}")
+        _check_int("seed", self.seed, 0)
+        _check_int("num_seeds", self.num_seeds, 1)
+        _check_int("total_env_steps", self.total_env_steps, 1)
+        for name, cls in (("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig)):
+            if not isinstance(getattr(self, name), cls):
+                _fail(name, getattr(self, name), f"must be a {cls.__name__}")
+        if self.batch_size % self.ppo.num_minibatches != 0:
+            _fail(
+                "ppo.num_minibatches",
+                self.ppo.num_minibatches,
+                f"must divide the batch rollout.num_envs * rollout.num_steps = {self.batch_size}",
+            )
+        if self.total_env_steps < self.batch_size:
+            _fail(
+                "total_env_steps",
+                self.total_env_steps,
+                f"must be at least one batch (rollout.num_envs * rollout.num_steps = {self.batch_size})",
+            )
+
+    @property
+    def batch_size(self) -> int:
+        """Transitions consumed per learner iteration (num_envs * num_steps)."""
+        return self.rollout.num_envs * self.rollout.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        """Transitions per SGD step."""
+        return self.batch_size // self.ppo.num_minibatches
+
+    @property
+    def num_iterations(self) -> int:
+        """Learner iterations per seed (whole batches within total_env_steps)."""
+        return self.total_env_steps // self.batch_size
+
+    @property
+    def sgd_steps_per_iteration(self) -> int:
+        """Gradient steps per learner iteration (num_epochs * num_minibatches)."""
+        return self.ppo.num_epochs * self.ppo.num_minibatches
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with top-level fields replaced (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+_SECTIONS = {"rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig}
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """Nested plain-Python dict of every field (JSON-serialisable)."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Builds (and validates) a Config from a nested dict; unknown keys raise ConfigError."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
+    top_fields = {f.name for f in dataclasses.fields(Config)}
+    unknown = set(data) - top_fields
+    if unknown:
+        raise ConfigError(f"unknown config keys {sorted(unknown)}; known: {sorted(top_fields)}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SECTIONS:
+            cls = _SECTIONS[key]
+            if isinstance(value, cls):
+                kwargs[key] = value
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} must be a mapping of its fields, got {value!r}")
+            known = {f.name for f in dataclasses.fields(cls)}
+            bad = set(value) - known
+            if bad:
+                raise ConfigError(f"unknown keys in {key}: {sorted(bad)}; known: {sorted(known)}")
+            section = dict(value)
+            for f in dataclasses.fields(cls):
+                if f.name in section and isinstance(section[f.name], list):
+                    section[f.name] = tuple(section[f.name])
+            kwargs[key] = cls(**section)
+        else:
+            kwargs[key] = value
+    return Config(**kwargs)
+
+
+def replace_path(config: Config, path: str, value: Any) -> Config:
+    """Returns a copy with a dotted field replaced, e.g. `replace_path(c, "ppo.clip_eps", 0.1)`."""
+    data = config_to_dict(config)
+    parts = path.split(".")
+    node = data
+    for part in parts[:-1]:
+        if part not in node or not isinstance(node[part], dict):
+            raise ConfigError(f"unknown config section {part!r} in {path!r}")
+        node = node[part]
+    if parts[-1] not in node:
+        raise ConfigError(f"unknown config field {path!r}")
+    node[parts[-1]] = value
+    return config_from_dict(data)

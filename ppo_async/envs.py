@@ -1,0 +1,203 @@
+"""gymnax environments by name, vectorised reset/step with episode statistics, and
+running observation normalisation.
+
+Pure functions over `EnvState` (N envs); `Env` bundles a gymnax env with its params and
+a description of its spaces. Every env in a batch gets its own PRNG key, derived from the
+caller's key, so seeds are distinct and reproducible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppo_async.config import ConfigError, check_env_name
+from ppo_async.types import EnvState, RunningMeanStd
+
+
+@dataclass(frozen=True)
+class Env:
+    """A gymnax environment, its params and the facts the networks need.
+
+    Attributes:
+      name: registered gymnax name.
+      env: the gymnax environment object.
+      params: its `EnvParams`.
+      obs_shape: observation shape `O...`.
+      discrete: True for a categorical action space.
+      num_actions: K for discrete spaces, else 0.
+      action_shape: `(A,)` for continuous spaces, `()` for discrete.
+      action_low, action_high: continuous bounds (float32 arrays `[A]`), None for discrete.
+    """
+
+    name: str
+    env: Any
+    params: Any
+    obs_shape: tuple[int, ...]
+    discrete: bool
+    num_actions: int
+    action_shape: tuple[int, ...]
+    action_low: np.ndarray | None
+    action_high: np.ndarray | None
+
+    def __hash__(self) -> int:  # used as a static argument of jitted functions
+        return hash((self.name, self.obs_shape, self.action_shape))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Env) and (self.name, self.params) == (other.name, other.params)
+
+
+def make_env(name: str) -> Env:
+    """Builds a gymnax env by registered name; unknown names raise ConfigError listing the known ones."""
+    check_env_name(name)
+    import gymnax
+    from gymnax.environments import spaces
+
+    env, params = gymnax.make(name)
+    obs_shape = tuple(env.observation_space(params).shape)
+    space = env.action_space(params)
+    if isinstance(space, spaces.Discrete):
+        return Env(name, env, params, obs_shape, True, int(space.n), (), None, None)
+    if isinstance(space, spaces.Box):
+        shape = tuple(space.shape) if space.shape else (1,)
+        low = np.broadcast_to(np.asarray(space.low, np.float32), shape).copy()
+        high = np.broadcast_to(np.asarray(space.high, np.float32), shape).copy()
+        return Env(name, env, params, obs_shape, False, 0, shape, low, high)
+    raise ConfigError(f"env = {name!r}: action space {type(space).__name__} is not supported")
+
+
+def _strongly_typed(tree: Any) -> Any:
+    """Casts every leaf to a strongly-typed array of its own dtype.
+
+    gymnax resets leave weakly-typed leaves that `step` returns strongly typed, which makes
+    a jitted rollout started from a fresh reset recompile on its second call.
+    """
+    return jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), tree)
+
+
+def reset_envs(env: Env, key: chex.PRNGKey, num_envs: int) -> EnvState:
+    """Resets `num_envs` envs, each with its own key. Returns `EnvState` with leaves `[N, ...]`."""
+    keys = jax.random.split(key, num_envs)
+    obs, state = jax.vmap(env.env.reset, in_axes=(0, None))(keys, env.params)
+    return EnvState(
+        env_state=_strongly_typed(state),
+        obs=jnp.asarray(obs, jnp.float32),
+        episode_return=jnp.zeros((num_envs,), jnp.float32),
+        episode_length=jnp.zeros((num_envs,), jnp.int32),
+    )
+
+
+class EnvStep(NamedTuple):
+    """What stepping N envs returns (all `[N, ...]`)."""
+
+    obs: chex.Array  # [N, O...] raw observation to act on next (after auto-reset)
+    reward: chex.Array  # [N] float32
+    terminated: chex.Array  # [N] bool
+    truncated: chex.Array  # [N] bool (time limit, not terminated)
+    final_obs: chex.Array  # [N, O...] raw observation reached, before auto-reset
+    finished_return: chex.Array  # [N] return of the episode that ended here, else 0
+    finished_length: chex.Array  # [N] int32 its length, else 0
+
+
+def env_action(env: Env, action: chex.Array, clip_actions: bool) -> chex.Array:
+    """The action handed to gymnax: clipped to the bounds for continuous control if asked."""
+    if env.discrete or not clip_actions:
+        return action
+    return jnp.clip(action, env.action_low, env.action_high)
+
+
+def step_envs(
+    env: Env, state: EnvState, action: chex.Array, key: chex.PRNGKey, clip_actions: bool = True
+) -> tuple[EnvState, EnvStep]:
+    """Steps N envs with auto-reset and accumulates episode returns.
+
+    Args:
+      env: the environment.
+      state: `EnvState` of N envs.
+      action: `[N, A]` float or `[N]` int actions.
+      key: one key; split per env.
+      clip_actions: clip continuous actions to the env bounds.
+
+    Returns:
+      `(next_state, EnvStep)`.
+    """
+    num_envs = state.obs.shape[0]
+    keys = jax.random.split(key, num_envs)
+    env_act = env_action(env, action, clip_actions)
+    obs, env_state, reward, terminated, truncated, info = jax.vmap(
+        env.env.step, in_axes=(0, 0, 0, None)
+    )(keys, state.env_state, env_act, env.params)
+    reward = jnp.asarray(reward, jnp.float32).reshape(num_envs)
+    terminated = jnp.asarray(terminated, bool).reshape(num_envs)
+    truncated = jnp.logical_and(jnp.asarray(truncated, bool).reshape(num_envs), ~terminated)
+    done = jnp.logical_or(terminated, truncated)
+    episode_return = state.episode_return + reward
+    episode_length = state.episode_length + 1
+    step = EnvStep(
+        obs=jnp.asarray(obs, jnp.float32),
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+        final_obs=jnp.asarray(info["final_observation"], jnp.float32),
+        finished_return=jnp.where(done, episode_return, 0.0),
+        finished_length=jnp.where(done, episode_length, 0),
+    )
+    next_state = EnvState(
+        env_state=_strongly_typed(env_state),
+        obs=step.obs,
+        episode_return=jnp.where(done, 0.0, episode_return),
+        episode_length=jnp.where(done, 0, episode_length),
+    )
+    return next_state, step
+
+
+# --------------------------------------------------------------------------------------
+# Observation normalisation
+# --------------------------------------------------------------------------------------
+
+
+def init_obs_stats(obs_shape: tuple[int, ...]) -> RunningMeanStd:
+    """Statistics of no data: mean 0, var 1, count 0 (normalisation is the identity at first)."""
+    return RunningMeanStd(
+        mean=jnp.zeros(obs_shape, jnp.float32),
+        var=jnp.ones(obs_shape, jnp.float32),
+        count=jnp.zeros((), jnp.float32),
+    )
+
+
+def batch_moments(obs: chex.Array, obs_ndim: int) -> RunningMeanStd:
+    """Mean, (population) variance and count of a batch `[..., O...]` over its leading axes."""
+    axes = tuple(range(obs.ndim - obs_ndim))
+    count = float(np.prod([obs.shape[a] for a in axes]))
+    return RunningMeanStd(
+        mean=jnp.mean(obs, axis=axes),
+        var=jnp.var(obs, axis=axes),
+        count=jnp.asarray(count, jnp.float32),
+    )
+
+
+def merge_moments(a: RunningMeanStd, b: RunningMeanStd) -> RunningMeanStd:
+    """Combines two sets of moments (parallel algorithm of Chan, Golub & LeVeque 1979).
+
+    Merging with a zero-count side returns the other side unchanged.
+    """
+    total = a.count + b.count
+    safe_total = jnp.maximum(total, 1.0)
+    delta = b.mean - a.mean
+    mean = a.mean + delta * b.count / safe_total
+    m2 = a.var * a.count + b.var * b.count + jnp.square(delta) * a.count * b.count / safe_total
+    var = jnp.where(total > 0, m2 / safe_total, 1.0)
+    # With no data at all keep the identity normaliser.
+    return RunningMeanStd(mean=jnp.where(total > 0, mean, 0.0), var=var, count=total)
+
+
+def normalize_obs(stats: RunningMeanStd, obs: chex.Array, clip: float, enabled: bool = True) -> chex.Array:
+    """(obs - mean) / sqrt(var + 1e-8), clipped to [-clip, clip]; identity when disabled."""
+    if not enabled:
+        return obs
+    return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + 1e-8), -clip, clip)

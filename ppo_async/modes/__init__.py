@@ -1,0 +1,1 @@
+"""Execution modes: orchestration of the pure parts, no maths."""

@@ -1,0 +1,112 @@
+"""Pure rollout: `lax.scan` over T steps of N vmapped envs acting with one policy snapshot.
+
+`rollout(ctx, snapshot, env_state, key) -> (env_state, Trajectory)` is jittable and has no
+side effects. Every stored transition carries the behaviour policy's log-prob, its
+distribution parameters and its `policy_version`, so a learner that consumes it later
+(asynchronously) computes exact importance ratios.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from ppo_async import envs, networks
+from ppo_async.config import RolloutConfig
+from ppo_async.networks import ActorCritic
+from ppo_async.types import (
+    EnvState,
+    PolicySnapshot,
+    RolloutStats,
+    Trajectory,
+    Transition,
+)
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """The static parts of a rollout: env, network and rollout section of the config."""
+
+    env: envs.Env
+    network: ActorCritic
+    config: RolloutConfig
+
+    def policy_input(self, snapshot: PolicySnapshot, raw_obs: chex.Array) -> chex.Array:
+        """Raw observations `[..., O...]` -> normalised policy input under the snapshot's stats."""
+        return envs.normalize_obs(
+            snapshot.obs_stats, raw_obs, self.config.obs_clip, self.config.normalize_obs
+        )
+
+
+def rollout_step(
+    ctx: RolloutContext, snapshot: PolicySnapshot, env_state: EnvState, key: chex.PRNGKey
+) -> tuple[EnvState, tuple[Transition, chex.Array, chex.Array, chex.Array]]:
+    """One step of N envs: act with the snapshot, step, record.
+
+    Returns:
+      `(next_env_state, (transition [N, ...], raw_obs [N, O...], finished_return [N],
+      finished_length [N]))`.
+    """
+    act_key, step_key = jax.random.split(key)
+    obs = ctx.policy_input(snapshot, env_state.obs)
+    dist, _ = ctx.network.apply(snapshot.params, obs)
+    action = networks.sample_action(act_key, dist)
+    behavior_log_prob = networks.log_prob(dist, action)
+    next_state, step = envs.step_envs(ctx.env, env_state, action, step_key, ctx.config.clip_actions)
+    num_envs = env_state.obs.shape[0]
+    transition = Transition(
+        obs=obs,
+        action=action,
+        reward=step.reward * ctx.config.reward_scale,
+        terminated=step.terminated,
+        truncated=step.truncated,
+        final_obs=ctx.policy_input(snapshot, step.final_obs),
+        behavior_log_prob=behavior_log_prob,
+        behavior_dist=dist,
+        policy_version=jnp.full((num_envs,), snapshot.version, jnp.int32),
+    )
+    return next_state, (transition, env_state.obs, step.finished_return, step.finished_length)
+
+
+def rollout(
+    ctx: RolloutContext, snapshot: PolicySnapshot, env_state: EnvState, key: chex.PRNGKey
+) -> tuple[EnvState, Trajectory]:
+    """Runs `ctx.config.num_steps` steps of N envs with one params snapshot.
+
+    Args:
+      ctx: static env / network / rollout config.
+      snapshot: behaviour params, obs statistics and their version.
+      env_state: `EnvState` with leaves `[N, ...]`.
+      key: PRNG key for actions and env randomness.
+
+    Returns:
+      `(env_state after T steps, Trajectory)` with transitions `[T, N, ...]`.
+    """
+    keys = jax.random.split(key, ctx.config.num_steps)
+
+    def body(state: EnvState, step_key: chex.PRNGKey) -> tuple[EnvState, Any]:
+        return rollout_step(ctx, snapshot, state, step_key)
+
+    env_state, (transitions, raw_obs, finished_return, finished_length) = jax.lax.scan(
+        body, env_state, keys
+    )
+    finished = finished_length > 0
+    obs_ndim = len(ctx.env.obs_shape)
+    nonfinite = jnp.sum(~jnp.isfinite(transitions.reward)) + jnp.sum(~jnp.isfinite(raw_obs))
+    stats = RolloutStats(
+        episode_return_sum=jnp.sum(finished_return),
+        episode_length_sum=jnp.sum(finished_length).astype(jnp.float32),
+        episode_count=jnp.sum(finished).astype(jnp.float32),
+        obs_moments=envs.batch_moments(raw_obs, obs_ndim),
+        nonfinite_count=nonfinite.astype(jnp.int32),
+    )
+    trajectory = Trajectory(
+        transitions=transitions,
+        last_obs=ctx.policy_input(snapshot, env_state.obs),
+        stats=stats,
+    )
+    return env_state, trajectory
