@@ -223,7 +223,7 @@ def sgd_step(
     grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, ctx, minibatch, hparams)
     if ctx.axis_name is not None:
         grads = jax.lax.pmean(grads, ctx.axis_name)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     scale = jnp.minimum(1.0, hparams.max_grad_norm / jnp.maximum(grad_norm, 1e-12))
     grads = jax.tree.map(lambda g: g * scale, grads)
     updates, opt_state = ctx.optimizer().update(grads, opt_state, params)

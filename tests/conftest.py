@@ -1,0 +1,31 @@
+"""Test configuration: shared fixtures. XLA flags (if any) belong here or in subprocess envs,
+never in the library."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_module(args: list[str], cwd: str | None = None, env_extra: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs `python -m ppo_async ARGS` in a subprocess and returns the completed process."""
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    return subprocess.run(
+        [sys.executable, "-m", "ppo_async", *args],
+        cwd=cwd or REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def run_cli():
+    return run_module
