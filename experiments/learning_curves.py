@@ -1,0 +1,151 @@
+"""Learning curves of N seeds on one env: raw curves (CSV), a PNG and a summary line.
+
+    python experiments/learning_curves.py --env Pendulum-v1 --num-seeds 5
+    python experiments/learning_curves.py --env CartPole-v1 --num-seeds 5
+    # the peer's shape (64 envs x 128 steps, 4 epochs x 32 minibatches), 3 seeds x 1M steps:
+    python experiments/learning_curves.py --env Pendulum-v1 --num-seeds 3 --total-env-steps 1000000 \
+        --set rollout.num_envs=64 --set rollout.num_steps=128 --set ppo.num_epochs=4 \
+        --set ppo.num_minibatches=32 --tag peer-shape
+
+All seeds train in one compile (vmap). "Steps to threshold" is the env-step count of the
+first learner iteration whose mean return over the episodes finished in it reaches the
+threshold. Writes OUT/curves.csv, OUT/return_vs_steps.png, OUT/summary.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+import tyro
+
+import ppo_async as pa
+
+DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "CartPole-v1": 475.0, "Acrobot-v1": -100.0}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclasses.dataclass
+class Args:
+    env: str = "Pendulum-v1"
+    """gymnax environment."""
+    num_seeds: int = 5
+    """Seeds (trained together with vmap)."""
+    seed: int = 0
+    """First seed."""
+    total_env_steps: int = 300_000
+    """Env steps per seed."""
+    threshold: float | None = None
+    """Return threshold; default per env (Pendulum -200, CartPole 475)."""
+    set: tuple[str, ...] = ()
+    """Config overrides as dotted.key=value (values parsed as JSON when possible)."""
+    tag: str = "default"
+    """Name of the results folder under experiments/results/learning_curves/ENV/."""
+    out: str | None = None
+    """Output folder (overrides the tag-based default)."""
+
+
+def parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def steps_to_threshold(df, threshold: float) -> dict[int, int | None]:
+    """Per seed: env steps of the first iteration whose mean finished-episode return >= threshold."""
+    out = {}
+    for seed, group in df.groupby("seed", sort=True):
+        hit = group[group.episode_return.astype(float) >= threshold]
+        out[int(seed)] = int(hit.env_steps.iloc[0]) if len(hit) else None
+    return out
+
+
+def plot_curves(df, threshold: float, title: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    grid = np.sort(df.env_steps.unique())
+    interpolated = []
+    for seed, group in df.groupby("seed", sort=True):
+        g = group.dropna(subset=["episode_return"])
+        ax.plot(g.env_steps, g.episode_return, lw=0.8, alpha=0.45, label=f"seed {seed}")
+        interpolated.append(np.interp(grid, g.env_steps, g.episode_return.astype(float)))
+    stack = np.stack(interpolated)
+    ax.plot(grid, np.median(stack, 0), color="k", lw=2, label="median")
+    ax.fill_between(grid, np.percentile(stack, 25, 0), np.percentile(stack, 75, 0), color="k", alpha=0.12, label="25-75%")
+    ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"threshold {threshold:g}")
+    ax.set_xlabel("env steps (per seed)")
+    ax.set_ylabel("mean return of episodes finished")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(args: Args) -> dict:
+    config = pa.Config(env=args.env, num_seeds=args.num_seeds, seed=args.seed, total_env_steps=args.total_env_steps)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        config = pa.replace_path(config, key, parse_value(value))
+    threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLDS.get(args.env)
+    if threshold is None:
+        raise SystemExit(f"--threshold is required for {args.env}")
+    out = args.out or os.path.join(HERE, "results", "learning_curves", args.env, args.tag)
+    os.makedirs(out, exist_ok=True)
+
+    result = pa.train(config, progress=True)
+    df = result.to_dataframe()
+    df[["seed", "iteration", "env_steps", "wall_time", "steps_per_second", "episode_return", "approx_kl", "clip_fraction"]].to_csv(
+        os.path.join(out, "curves.csv"), index=False
+    )
+    hits = steps_to_threshold(df, threshold)
+    reached = [s for s in hits.values() if s is not None]
+    final = result.final_returns(0.1)
+    steps_per_seed = config.num_iterations * config.batch_size
+    summary = {
+        "env": args.env,
+        "tag": args.tag,
+        "overrides": list(args.set),
+        "num_seeds": args.num_seeds,
+        "seeds": list(range(args.seed, args.seed + args.num_seeds)),
+        "env_steps_per_seed": steps_per_seed,
+        "threshold": threshold,
+        "steps_to_threshold": hits,
+        "seeds_reaching_threshold": len(reached),
+        "median_steps_to_threshold": float(np.median(reached)) if reached else None,
+        "final_return_per_seed": [round(float(x), 1) for x in final],
+        "final_return_mean": float(np.mean(final)),
+        "final_return_std": float(np.std(final)),
+        "compile_seconds": round(result.compile_seconds, 2),
+        "run_seconds": round(result.run_seconds, 2),
+        "env_steps_per_second_all_seeds": round(steps_per_seed * args.num_seeds / result.run_seconds),
+        "env_steps_per_second_per_seed": round(steps_per_seed / result.run_seconds),
+        "config": pa.config_to_dict(config),
+    }
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    title = f"{args.env} [{args.tag}]: {args.num_seeds} seeds, {len(reached)}/{args.num_seeds} reach {threshold:g}"
+    plot_curves(df, threshold, title, os.path.join(out, "return_vs_steps.png"))
+    median = summary["median_steps_to_threshold"]
+    print(
+        f"SUMMARY {args.env} [{args.tag}] seeds={args.num_seeds} steps/seed={steps_per_seed} | "
+        f"reach {threshold:g}: {len(reached)}/{args.num_seeds}, median steps "
+        f"{'-' if median is None else f'{median:,.0f}'} | final return {np.mean(final):.1f} +- {np.std(final):.1f} | "
+        f"{summary['env_steps_per_second_all_seeds']:,} env steps/s all seeds "
+        f"({summary['env_steps_per_second_per_seed']:,}/seed), run {result.run_seconds:.1f}s + compile {result.compile_seconds:.1f}s"
+    )
+    print(f"wrote {out}")
+    return summary
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
+    sys.exit(0)
