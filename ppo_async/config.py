@@ -16,7 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-MODES = ("sync",)
+MODES = ("sync", "simulated")
+LAG_SCHEDULES = ("fixed", "per_sampler", "uniform", "geometric", "straggler", "replay")
+ADVANTAGE_ESTIMATORS = ("gae", "vtrace")
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu")
 
 
@@ -45,6 +47,11 @@ def _check_non_negative(name: str, value: float) -> None:
 def _check_int(name: str, value: int, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         _fail(name, value, f"must be an integer >= {minimum}")
+
+
+def _check_bool(name: str, value: bool) -> None:
+    if not isinstance(value, bool):
+        _fail(name, value, "must be True or False")
 
 
 def _check_unit_interval(name: str, value: float) -> None:
@@ -90,6 +97,8 @@ class RolloutConfig:
         _check_int("rollout.num_steps", self.num_steps, 1)
         _check_positive("rollout.obs_clip", self.obs_clip)
         _check_positive("rollout.reward_scale", self.reward_scale)
+        _check_bool("rollout.normalize_obs", self.normalize_obs)
+        _check_bool("rollout.clip_actions", self.clip_actions)
 
 
 @dataclass(frozen=True)
@@ -124,10 +133,20 @@ class PPOConfig:
     """Standardise advantages per minibatch."""
     adam_eps: float = 1e-5
     """Adam epsilon."""
+    advantage_estimator: Literal["gae", "vtrace"] = "gae"
+    """gae: plain GAE on (possibly stale) data; vtrace: advantages with truncated importance weights (Espeholt et al. 2018)."""
+    rho_bar: float = 1.0
+    """V-trace truncation of the importance weight in the TD error (vtrace only)."""
+    c_bar: float = 1.0
+    """V-trace truncation of the trace-cutting weights (vtrace only)."""
+    value_update_every: int = 1
+    """Update the value network only every k-th learner iteration (1 = always)."""
 
     def __post_init__(self) -> None:
         _check_int("ppo.num_epochs", self.num_epochs, 1)
         _check_int("ppo.num_minibatches", self.num_minibatches, 1)
+        _check_bool("ppo.anneal_lr", self.anneal_lr)
+        _check_bool("ppo.normalize_advantages", self.normalize_advantages)
         _check_positive("ppo.learning_rate", self.learning_rate)
         _check_unit_interval("ppo.gamma", self.gamma)
         _check_unit_interval("ppo.gae_lambda", self.gae_lambda)
@@ -148,6 +167,11 @@ class PPOConfig:
         _check_non_negative("ppo.ent_coef", self.ent_coef)
         _check_positive("ppo.max_grad_norm", self.max_grad_norm)
         _check_positive("ppo.adam_eps", self.adam_eps)
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            _fail("ppo.advantage_estimator", self.advantage_estimator, f"must be one of {ADVANTAGE_ESTIMATORS}")
+        _check_positive("ppo.rho_bar", self.rho_bar)
+        _check_positive("ppo.c_bar", self.c_bar)
+        _check_int("ppo.value_update_every", self.value_update_every, 1)
 
 
 @dataclass(frozen=True)
@@ -177,8 +201,94 @@ class NetworkConfig:
             object.__setattr__(self, name, tuple(widths))
         if self.activation not in ACTIVATIONS:
             _fail("network.activation", self.activation, f"must be one of {ACTIVATIONS}")
-        if not -20.0 <= self.init_log_std <= 2.0:
+        _check_bool("network.shared_torso", self.shared_torso)
+        _check_bool("network.state_dependent_std", self.state_dependent_std)
+        if (
+            not isinstance(self.init_log_std, (int, float))
+            or isinstance(self.init_log_std, bool)
+            or not -20.0 <= self.init_log_std <= 2.0
+        ):
             _fail("network.init_log_std", self.init_log_std, "must lie in [-20, 2]")
+
+
+@dataclass(frozen=True)
+class LagConfig:
+    """Policy lag: the emulated lag schedule (simulated mode) and the stale-sample filter (every mode).
+
+    Schedules (one lag value per learner iteration, drawn on the host from `seed`):
+      fixed: every batch is K versions old.
+      per_sampler: sampler s (batches are consumed round-robin) is `per_sampler[s]` versions old.
+      uniform: lag ~ U{low, ..., high}.
+      geometric: lag ~ Geometric(p) - 1 (P(lag = k) = p (1 - p)^k), truncated to `high`.
+      straggler: the first ceil(fraction * num_samplers) samplers refresh their params only
+        every `slowdown`-th rollout (the others every rollout); lag is counted in learner versions.
+      replay: the (sampler_id, lag) of each consumed batch, read from `replay_path`
+        (the version schedule a threaded run writes; format in `ppo_async.lag`).
+    """
+
+    schedule: Literal["fixed", "per_sampler", "uniform", "geometric", "straggler", "replay"] = "fixed"
+    """Lag schedule of the simulated mode."""
+    K: int = 0
+    """fixed: the lag of every batch, in learner versions."""
+    per_sampler: tuple[int, ...] = ()
+    """per_sampler: one lag per sampler (its length sets num_samplers)."""
+    low: int = 0
+    """uniform: smallest lag."""
+    high: int = 4
+    """uniform: largest lag; geometric: truncation."""
+    p: float = 0.5
+    """geometric: success probability in (0, 1]."""
+    fraction: float = 0.25
+    """straggler: fraction of samplers that are slow, in (0, 1]."""
+    slowdown: int = 4
+    """straggler: slow samplers refresh this many times less often."""
+    replay_path: str | None = None
+    """replay: path of a version schedule (JSONL or CSV) recorded by a threaded run."""
+    num_samplers: int = 1
+    """Emulated samplers, each with its own envs and env seeds; batches are consumed round-robin."""
+    max_lag: int | None = None
+    """Stale filter: samples whose lag exceeds this are dropped at consumption (and counted); None keeps all."""
+    seed: int = 0
+    """Seed of the random schedules (uniform, geometric)."""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in LAG_SCHEDULES:
+            _fail("lag.schedule", self.schedule, f"must be one of {LAG_SCHEDULES}")
+        _check_int("lag.K", self.K, 0)
+        if not isinstance(self.per_sampler, (tuple, list)) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in self.per_sampler
+        ):
+            _fail("lag.per_sampler", self.per_sampler, "must be a sequence of integers >= 0")
+        object.__setattr__(self, "per_sampler", tuple(self.per_sampler))
+        _check_int("lag.low", self.low, 0)
+        _check_int("lag.high", self.high, 0)
+        if self.high < self.low:
+            _fail("lag.high", self.high, f"must be >= lag.low = {self.low}")
+        _check_unit_interval("lag.p", self.p)
+        _check_unit_interval("lag.fraction", self.fraction)
+        _check_int("lag.slowdown", self.slowdown, 1)
+        _check_int("lag.num_samplers", self.num_samplers, 1)
+        _check_int("lag.seed", self.seed, 0)
+        if self.max_lag is not None:
+            _check_int("lag.max_lag", self.max_lag, 0)
+        if self.schedule == "per_sampler":
+            if not self.per_sampler:
+                _fail("lag.per_sampler", self.per_sampler, "must list one lag per sampler for schedule='per_sampler'")
+            if self.num_samplers not in (1, len(self.per_sampler)):
+                _fail(
+                    "lag.num_samplers",
+                    self.num_samplers,
+                    f"must equal len(lag.per_sampler) = {len(self.per_sampler)} (or be left at 1)",
+                )
+        if self.schedule == "replay" and not self.replay_path:
+            _fail("lag.replay_path", self.replay_path, "must name a schedule file for schedule='replay'")
+
+    @property
+    def effective_num_samplers(self) -> int:
+        """Samplers emulated (per_sampler's length when that schedule is used)."""
+        if self.schedule == "per_sampler":
+            return len(self.per_sampler)
+        return self.num_samplers
 
 
 @dataclass(frozen=True)
@@ -187,8 +297,8 @@ class Config:
 
     env: str = "Pendulum-v1"
     """gymnax environment name (e.g. Pendulum-v1, CartPole-v1)."""
-    mode: Literal["sync"] = "sync"
-    """Execution mode: sync (strict on-policy, one jitted program per iteration)."""
+    mode: Literal["sync", "simulated"] = "sync"
+    """Execution mode: sync (strict on-policy) or simulated (emulated samplers with a controlled lag schedule)."""
     seed: int = 0
     """Base random seed; seed i of a multi-seed run uses seed + i."""
     num_seeds: int = 1
@@ -200,6 +310,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    lag: LagConfig = field(default_factory=LagConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.env, str):
@@ -210,7 +321,7 @@ class Config:
         _check_int("seed", self.seed, 0)
         _check_int("num_seeds", self.num_seeds, 1)
         _check_int("total_env_steps", self.total_env_steps, 1)
-        for name, cls in (("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig)):
+        for name, cls in (("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig)):
             if not isinstance(getattr(self, name), cls):
                 _fail(name, getattr(self, name), f"must be a {cls.__name__}")
         if self.batch_size % self.ppo.num_minibatches != 0:
@@ -251,7 +362,7 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
-_SECTIONS = {"rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig}
+_SECTIONS = {"rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig, "lag": LagConfig}
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

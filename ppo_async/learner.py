@@ -25,32 +25,48 @@ from ppo_async.types import RunningMeanStd, TrainState, Trajectory
 
 
 class Hyperparams(NamedTuple):
-    """Shape-preserving hyperparameters as float32 scalars (traced inside jit; sweepable)."""
+    """Shape-preserving hyperparameters as float32 scalars (traced inside jit; sweepable).
+
+    `dual_clip = inf` is plain PPO: max(obj, inf * A) = obj for A < 0, bit for bit, so one
+    compiled update serves `dual_clip=None` and numeric values alike. `max_lag = inf` keeps
+    every sample.
+    """
 
     learning_rate: chex.Array
     gamma: chex.Array
     gae_lambda: chex.Array
     clip_eps: chex.Array
-    dual_clip: chex.Array  # ignored unless LearnerContext.use_dual_clip
+    dual_clip: chex.Array  # inf = off
     value_clip_eps: chex.Array  # ignored unless LearnerContext.use_value_clip
     vf_coef: chex.Array
     ent_coef: chex.Array
     max_grad_norm: chex.Array
+    reward_scale: chex.Array
+    rho_bar: chex.Array  # V-trace truncations (used when advantage_estimator == "vtrace")
+    c_bar: chex.Array
+    value_update_every: chex.Array  # the critic is updated when version % k == 0
+    max_lag: chex.Array  # stale filter: samples with lag > max_lag get weight 0 (inf = off)
 
 
-def hyperparams_from_config(ppo: PPOConfig) -> Hyperparams:
-    """The traced hyperparameters of a PPO config section."""
+def hyperparams_from_config(config: Config) -> Hyperparams:
+    """The traced hyperparameters of a config (PPO, rollout.reward_scale and lag.max_lag)."""
+    ppo = config.ppo
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     return Hyperparams(
         learning_rate=f32(ppo.learning_rate),
         gamma=f32(ppo.gamma),
         gae_lambda=f32(ppo.gae_lambda),
         clip_eps=f32(ppo.clip_eps),
-        dual_clip=f32(ppo.dual_clip if ppo.dual_clip is not None else 3.0),
+        dual_clip=f32(ppo.dual_clip if ppo.dual_clip is not None else jnp.inf),
         value_clip_eps=f32(ppo.value_clip_eps if ppo.value_clip_eps is not None else 0.2),
         vf_coef=f32(ppo.vf_coef),
         ent_coef=f32(ppo.ent_coef),
         max_grad_norm=f32(ppo.max_grad_norm),
+        reward_scale=f32(config.rollout.reward_scale),
+        rho_bar=f32(ppo.rho_bar),
+        c_bar=f32(ppo.c_bar),
+        value_update_every=f32(ppo.value_update_every),
+        max_lag=f32(config.lag.max_lag if config.lag.max_lag is not None else jnp.inf),
     )
 
 
@@ -65,9 +81,10 @@ class LearnerContext:
     anneal_lr: bool
     normalize_advantages: bool
     normalize_obs: bool
-    use_dual_clip: bool
     use_value_clip: bool
     adam_eps: float
+    advantage_estimator: str = "gae"  # "gae" | "vtrace"
+    lag_buckets: int = 1  # lags 0..lag_buckets-1 get their own KL / clip-fraction bucket; the last also holds larger lags
     axis_name: str | None = None  # data-parallel axis (pmap / shard_map) or None
 
     def optimizer(self) -> optax.GradientTransformation:
@@ -75,7 +92,9 @@ class LearnerContext:
         return optax.scale_by_adam(eps=self.adam_eps)
 
 
-def make_learner_context(config: Config, network: ActorCritic, axis_name: str | None = None) -> LearnerContext:
+def make_learner_context(
+    config: Config, network: ActorCritic, lag_buckets: int = 1, axis_name: str | None = None
+) -> LearnerContext:
     """The static learner context of a config."""
     ppo = config.ppo
     return LearnerContext(
@@ -86,9 +105,10 @@ def make_learner_context(config: Config, network: ActorCritic, axis_name: str | 
         anneal_lr=ppo.anneal_lr,
         normalize_advantages=ppo.normalize_advantages,
         normalize_obs=config.rollout.normalize_obs,
-        use_dual_clip=ppo.dual_clip is not None,
         use_value_clip=ppo.value_clip_eps is not None,
         adam_eps=ppo.adam_eps,
+        advantage_estimator=ppo.advantage_estimator,
+        lag_buckets=lag_buckets,
         axis_name=axis_name,
     )
 
@@ -122,8 +142,19 @@ class Batch(NamedTuple):
     behavior_log_prob: chex.Array
     old_value: chex.Array  # V(s) under the params at the start of the iteration
     advantage: chex.Array
-    target: chex.Array  # value target (GAE return)
-    weight: chex.Array  # 1.0 kept, 0.0 dropped (e.g. stale)
+    target: chex.Array  # value target (GAE or V-trace)
+    weight: chex.Array  # 1.0 kept, 0.0 dropped (stale)
+    lag: chex.Array  # int32 learner version at consumption - policy_version
+
+
+def sample_lag(trajectory: Trajectory, version: chex.Array) -> chex.Array:
+    """`[T, N]` int32 lag of every sample: learner version at consumption - policy_version."""
+    return (version - trajectory.transitions.policy_version).astype(jnp.int32)
+
+
+def stale_weight(lag: chex.Array, max_lag: chex.Array) -> chex.Array:
+    """1.0 for samples with lag <= max_lag, 0.0 for those dropped as stale (`max_lag = inf` keeps all)."""
+    return (lag.astype(jnp.float32) <= max_lag).astype(jnp.float32)
 
 
 def compute_targets(
@@ -131,25 +162,41 @@ def compute_targets(
     params: Any,
     trajectory: Trajectory,
     hparams: Hyperparams,
-    weight: chex.Array | None = None,
+    lag: chex.Array,
 ) -> Batch:
-    """Values, truncation bootstrap and GAE for one trajectory; flattened to `[T * N, ...]`.
+    """Values, truncation bootstrap and advantages for one trajectory; flattened to `[T * N, ...]`.
 
+    Values are recomputed with the learner's current params (fresher than the behaviour's).
     A time-limit truncation at step t (not a termination) contributes
-    `gamma * V(final_obs_t)` to r_t and then cuts the trace, so GAE bootstraps through it
-    (Pardo et al. 2018, "Time Limits in Reinforcement Learning").
+    `gamma * V(final_obs_t)` to r_t and then cuts the trace, so the estimator bootstraps
+    through it (Pardo et al. 2018, "Time Limits in Reinforcement Learning").
+    Advantages are GAE (Schulman et al. 2016) or, with `advantage_estimator="vtrace"`,
+    V-trace with truncated importance weights (Espeholt et al. 2018).
+
+    Args:
+      ctx: static learner context.
+      params: current learner params.
+      trajectory: transitions `[T, N, ...]`.
+      hparams: traced hyperparameters.
+      lag: `[T, N]` int32 sample lags (stale ones, lag > max_lag, get weight 0).
     """
     tr = trajectory.transitions
     apply = ctx.network.apply
-    _, values = apply(params, tr.obs)  # [T, N]
+    dist, values = apply(params, tr.obs)  # [T, N]
     _, last_value = apply(params, trajectory.last_obs)  # [N]
     _, final_values = apply(params, tr.final_obs)  # [T, N]
     truncated = tr.truncated.astype(jnp.float32)
-    rewards = tr.reward + hparams.gamma * truncated * final_values
+    rewards = tr.reward * hparams.reward_scale + hparams.gamma * truncated * final_values
     dones = jnp.logical_or(tr.terminated, tr.truncated).astype(jnp.float32)
-    advantages, returns = losses.gae(rewards, values, dones, last_value, hparams.gamma, hparams.gae_lambda)
-    if weight is None:
-        weight = jnp.ones_like(values)
+    if ctx.advantage_estimator == "vtrace":
+        log_rho = networks.log_prob(dist, tr.action) - tr.behavior_log_prob
+        advantages, returns = losses.vtrace_advantages(
+            rewards, values, dones, last_value, log_rho, hparams.gamma, hparams.gae_lambda,
+            hparams.rho_bar, hparams.c_bar,
+        )
+    else:
+        advantages, returns = losses.gae(rewards, values, dones, last_value, hparams.gamma, hparams.gae_lambda)
+    weight = stale_weight(lag, hparams.max_lag)
     flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
     return jax.lax.stop_gradient(
         Batch(
@@ -160,17 +207,20 @@ def compute_targets(
             advantage=flat(advantages),
             target=flat(returns),
             weight=flat(weight),
+            lag=flat(lag),
         )
     )
 
 
 def ppo_loss(
-    params: Any, ctx: LearnerContext, batch: Batch, hparams: Hyperparams
+    params: Any, ctx: LearnerContext, batch: Batch, hparams: Hyperparams, value_flag: chex.Array
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
-    """Total PPO loss of one minibatch and its diagnostics.
+    """Total loss of one minibatch and its diagnostics.
 
-    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy, with the policy loss
-    `ppo_clip_loss` or `dual_clip_ppo_loss` (Schulman et al. 2017; Ye et al. 2020).
+    loss = dual_clip_ppo_loss + value_flag * vf_coef * value_loss - ent_coef * entropy
+    (Schulman et al. 2017; Ye et al. 2020; `dual_clip = inf` is plain PPO clipping).
+    Samples with weight 0 (stale) take no part. Also returns per-lag-bucket sums of the KL
+    terms and clip indicators, `[lag_buckets]`, for the per-lag breakdown.
     """
     dist, values = ctx.network.apply(params, batch.obs)
     log_prob = networks.log_prob(dist, batch.action)
@@ -178,12 +228,9 @@ def ppo_loss(
     advantages = batch.advantage
     if ctx.normalize_advantages:
         advantages = losses.normalize_advantages(advantages, mask)
-    if ctx.use_dual_clip:
-        policy_loss = losses.dual_clip_ppo_loss(
-            log_prob, batch.behavior_log_prob, advantages, hparams.clip_eps, hparams.dual_clip, mask
-        )
-    else:
-        policy_loss = losses.ppo_clip_loss(log_prob, batch.behavior_log_prob, advantages, hparams.clip_eps, mask)
+    policy_loss = losses.dual_clip_ppo_loss(
+        log_prob, batch.behavior_log_prob, advantages, hparams.clip_eps, hparams.dual_clip, mask
+    )
     value_loss = losses.value_loss(
         values,
         batch.target,
@@ -191,45 +238,66 @@ def ppo_loss(
         hparams.value_clip_eps if ctx.use_value_clip else None,
         mask,
     )
-    entropy = losses._masked_mean(networks.entropy(dist), mask)
-    loss = policy_loss + hparams.vf_coef * value_loss - hparams.ent_coef * entropy
+    entropy = losses.masked_mean(networks.entropy(dist), mask)
+    loss = policy_loss + value_flag * hparams.vf_coef * value_loss - hparams.ent_coef * entropy
     stats = losses.ratio_stats(
-        log_prob,
-        batch.behavior_log_prob,
-        advantages,
-        hparams.clip_eps,
-        hparams.dual_clip if ctx.use_dual_clip else None,
-        mask,
+        log_prob, batch.behavior_log_prob, advantages, hparams.clip_eps, hparams.dual_clip, mask
     )
+    log_ratio = jax.lax.stop_gradient(log_prob - batch.behavior_log_prob)
+    kl_terms = losses.approx_kl_terms(log_ratio)
+    clipped = (jnp.abs(jnp.exp(log_ratio) - 1.0) > hparams.clip_eps).astype(jnp.float32)
+    bucket = jax.nn.one_hot(jnp.minimum(batch.lag, ctx.lag_buckets - 1), ctx.lag_buckets) * mask[:, None]
     metrics = {
         "policy_loss": policy_loss,
         "value_loss": value_loss,
         "entropy": entropy,
         "approx_kl": losses.approx_kl(log_prob, batch.behavior_log_prob, mask),
         **stats._asdict(),
+        "lag_count": jnp.sum(bucket, axis=0),
+        "lag_kl_sum": kl_terms @ bucket,
+        "lag_clip_sum": clipped @ bucket,
     }
     return loss, metrics
+
+
+def critic_mask(params: Any) -> Any:
+    """Pytree of bools, True for the critic's own parameters (modules named `critic*`)."""
+
+    def is_critic(path, _leaf) -> bool:
+        return any(getattr(k, "key", "").startswith("critic") for k in path)
+
+    return jax.tree_util.tree_map_with_path(is_critic, params)
 
 
 def sgd_step(
     ctx: LearnerContext,
     hparams: Hyperparams,
     learning_rate: chex.Array,
+    value_flag: chex.Array,
     carry: tuple[Any, Any],
     minibatch: Batch,
 ) -> tuple[tuple[Any, Any], dict[str, chex.Array]]:
-    """One clipped-gradient Adam step on a minibatch: `(params, opt_state) -> (params, opt_state)`."""
+    """One clipped-gradient Adam step on a minibatch: `(params, opt_state) -> (params, opt_state)`.
+
+    With `value_flag = 0` the critic's own parameters and their Adam moments stay unchanged.
+    """
     params, opt_state = carry
-    grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, ctx, minibatch, hparams)
+    grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, ctx, minibatch, hparams, value_flag)
     if ctx.axis_name is not None:
         grads = jax.lax.pmean(grads, ctx.axis_name)
     grad_norm = optax.tree.norm(grads)
     scale = jnp.minimum(1.0, hparams.max_grad_norm / jnp.maximum(grad_norm, 1e-12))
     grads = jax.tree.map(lambda g: g * scale, grads)
-    updates, opt_state = ctx.optimizer().update(grads, opt_state, params)
-    params = jax.tree.map(lambda p, u: p - learning_rate * u, params, updates)
+    updates, new_opt_state = ctx.optimizer().update(grads, opt_state, params)
+    new_params = jax.tree.map(lambda p, u: p - learning_rate * u, params, updates)
+    frozen = jax.tree.map(lambda c: jnp.logical_and(c, value_flag == 0), critic_mask(params))
+    keep_old = lambda new, old: jax.tree.map(lambda f, n, o: jnp.where(f, o, n), frozen, new, old)  # noqa: E731
+    new_params = keep_old(new_params, params)
+    new_opt_state = new_opt_state._replace(
+        mu=keep_old(new_opt_state.mu, opt_state.mu), nu=keep_old(new_opt_state.nu, opt_state.nu)
+    )
     metrics["grad_norm"] = grad_norm
-    return (params, opt_state), metrics
+    return (new_params, new_opt_state), metrics
 
 
 def ppo_update(
@@ -238,26 +306,32 @@ def ppo_update(
     trajectory: Trajectory,
     key: chex.PRNGKey,
     hparams: Hyperparams,
-    weight: chex.Array | None = None,
 ) -> tuple[TrainState, dict[str, chex.Array]]:
-    """One learner iteration on a trajectory `[T, N, ...]` (version += 1).
+    """One learner iteration on a trajectory `[T, N, ...]`, possibly from older policy versions.
+
+    Samples with lag > `hparams.max_lag` are dropped (weight 0) and counted. If every sample
+    is dropped, the state is returned unchanged (no version bump, no Adam step).
 
     Args:
       ctx: static learner context.
       state: the learner's `TrainState`.
-      trajectory: transitions `[T, N, ...]` (possibly from older policy versions).
+      trajectory: transitions `[T, N, ...]`.
       key: PRNG key for minibatch shuffling.
       hparams: traced hyperparameters.
-      weight: optional `[T, N]` 0/1 sample weights (0 = dropped, e.g. too stale).
 
     Returns:
-      `(new_state, metrics)`: metrics are scalars averaged over all minibatches, plus
-      `approx_kl_max` (max over minibatches) and `ratio_max` (max over all samples).
+      `(new_state, metrics)`: scalars averaged over all minibatches, plus `approx_kl_max` (max
+      over minibatches), `ratio_max` (max over samples), lag statistics of the consumed batch
+      (`lag_histogram`, `lag_mean`, `lag_max`, `dropped_stale`) and per-lag-bucket
+      `kl_per_lag` / `clip_fraction_per_lag` (NaN where no sample had that lag).
     """
-    batch = compute_targets(ctx, state.params, trajectory, hparams, weight)
+    lag = sample_lag(trajectory, state.version)
+    batch = compute_targets(ctx, state.params, trajectory, hparams, lag)
     batch_size = batch.advantage.shape[0]
     chex.assert_is_divisible(batch_size, ctx.num_minibatches)
     learning_rate = learning_rate_at(ctx, hparams, state.version)
+    every = jnp.maximum(hparams.value_update_every.astype(jnp.int32), 1)
+    value_flag = (state.version % every == 0).astype(jnp.float32)
 
     def epoch(carry, epoch_key):
         perm = jax.random.permutation(epoch_key, batch_size)
@@ -265,17 +339,24 @@ def ppo_update(
             lambda x: x[perm].reshape((ctx.num_minibatches, -1) + x.shape[1:]), batch
         )
         return jax.lax.scan(
-            lambda c, mb: sgd_step(ctx, hparams, learning_rate, c, mb), carry, shuffled
+            lambda c, mb: sgd_step(ctx, hparams, learning_rate, value_flag, c, mb), carry, shuffled
         )
 
     (params, opt_state), per_minibatch = jax.lax.scan(
         epoch, (state.params, state.opt_state), jax.random.split(key, ctx.num_epochs)
     )
+    lag_count = jnp.sum(per_minibatch.pop("lag_count"), axis=(0, 1))
+    lag_kl_sum = jnp.sum(per_minibatch.pop("lag_kl_sum"), axis=(0, 1))
+    lag_clip_sum = jnp.sum(per_minibatch.pop("lag_clip_sum"), axis=(0, 1))
     metrics = {name: jnp.mean(value) for name, value in per_minibatch.items()}
     metrics["approx_kl_max"] = jnp.max(per_minibatch["approx_kl"])
     metrics["ratio_max"] = jnp.max(per_minibatch["ratio_max"])
     metrics["learning_rate"] = learning_rate
+    metrics["value_updated"] = value_flag
     metrics["explained_variance"] = explained_variance(batch.old_value, batch.target)
+    metrics["kl_per_lag"] = jnp.where(lag_count > 0, lag_kl_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
+    metrics["clip_fraction_per_lag"] = jnp.where(lag_count > 0, lag_clip_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
+    metrics.update(lag_metrics(lag, batch.weight.reshape(lag.shape), ctx.lag_buckets))
     if ctx.axis_name is not None:
         metrics = jax.lax.pmean(metrics, ctx.axis_name)
 
@@ -296,7 +377,32 @@ def ppo_update(
         sgd_steps=state.sgd_steps + ctx.num_epochs * ctx.num_minibatches,
         env_steps=state.env_steps + consumed,
     )
+    # Nothing consumed (every sample stale): keep the old state bit for bit.
+    new_state = jax.tree.map(lambda n, o: jnp.where(consumed > 0, n, o), new_state, state)
+    metrics["consumed"] = consumed
     return new_state, metrics
+
+
+def lag_metrics(lag: chex.Array, weight: chex.Array, num_buckets: int) -> dict[str, chex.Array]:
+    """Lag statistics of one consumed batch.
+
+    Args:
+      lag: `[...]` int32 sample lags.
+      weight: `[...]` 1.0 kept, 0.0 dropped as stale.
+      num_buckets: histogram length H; lags >= H - 1 share the last bucket.
+
+    Returns:
+      `lag_histogram [H]` (counts of all produced samples by lag, kept or not), `lag_mean`,
+      `lag_max`, `dropped_stale` (count with weight 0).
+    """
+    lag_f = lag.astype(jnp.float32)
+    histogram = jnp.sum(jax.nn.one_hot(jnp.minimum(lag, num_buckets - 1).reshape(-1), num_buckets), axis=0)
+    return {
+        "lag_histogram": histogram.astype(jnp.int32),
+        "lag_mean": jnp.mean(lag_f),
+        "lag_max": jnp.max(lag).astype(jnp.int32),
+        "dropped_stale": jnp.sum(1.0 - weight).astype(jnp.int32),
+    }
 
 
 def _all_moments(moments: RunningMeanStd, axis_name: str) -> RunningMeanStd:

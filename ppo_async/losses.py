@@ -220,7 +220,8 @@ def vtrace_advantages(
 # --------------------------------------------------------------------------------------
 
 
-def _masked_mean(x: chex.Array, mask: chex.Array | None) -> chex.Array:
+def masked_mean(x: chex.Array, mask: chex.Array | None) -> chex.Array:
+    """mean(x) over samples with mask 1 (all samples when mask is None); 0 when none is kept."""
     if mask is None:
         return jnp.mean(x)
     mask = mask.astype(x.dtype)
@@ -270,7 +271,7 @@ def ppo_clip_loss(
     Returns:
       scalar loss.
     """
-    return -_masked_mean(ppo_clip_objective(log_prob, behavior_log_prob, advantages, clip_eps), mask)
+    return -masked_mean(ppo_clip_objective(log_prob, behavior_log_prob, advantages, clip_eps), mask)
 
 
 def dual_clip_ppo_objective(
@@ -323,7 +324,7 @@ def dual_clip_ppo_loss(
     objective = dual_clip_ppo_objective(
         log_prob, behavior_log_prob, advantages, clip_eps, dual_clip
     )
-    return -_masked_mean(objective, mask)
+    return -masked_mean(objective, mask)
 
 
 def value_loss(
@@ -356,7 +357,7 @@ def value_loss(
         chex.assert_equal_shape([values, behavior_values])
         clipped_values = behavior_values + jnp.clip(values - behavior_values, -clip_eps, clip_eps)
         squared = jnp.maximum(squared, jnp.square(clipped_values - returns))
-    return 0.5 * _masked_mean(squared, mask)
+    return 0.5 * masked_mean(squared, mask)
 
 
 # --------------------------------------------------------------------------------------
@@ -380,8 +381,13 @@ def approx_kl(
     Args: `[...]` log-probabilities of the stored actions. Returns: scalar.
     """
     chex.assert_equal_shape([log_prob, behavior_log_prob])
-    log_ratio = jnp.minimum(log_prob - behavior_log_prob, _KL_LOG_RATIO_MAX)
-    return _masked_mean(jnp.expm1(log_ratio) - log_ratio, mask)
+    return masked_mean(approx_kl_terms(log_prob - behavior_log_prob), mask)
+
+
+def approx_kl_terms(log_ratio: chex.Array) -> chex.Array:
+    """Per-sample KL estimator terms (r - 1) - log r from log r (capped at 20, see `approx_kl`); `[...]`."""
+    log_ratio = jnp.minimum(log_ratio, _KL_LOG_RATIO_MAX)
+    return jnp.expm1(log_ratio) - log_ratio
 
 
 class RatioStats(NamedTuple):
@@ -416,15 +422,15 @@ def ratio_stats(
         dual = jnp.zeros_like(ratio)
     else:
         dual = ((advantages < 0) & (ratio > dual_clip)).astype(ratio.dtype)
-    mean = _masked_mean(ratio, mask)
-    var = _masked_mean(jnp.square(ratio - mean), mask)
+    mean = masked_mean(ratio, mask)
+    var = masked_mean(jnp.square(ratio - mean), mask)
     if mask is None:
         ratio_max = jnp.max(ratio)
     else:
         ratio_max = jnp.max(jnp.where(mask > 0, ratio, -jnp.inf))
     return RatioStats(
-        clip_fraction=_masked_mean(clipped, mask),
-        dual_clip_fraction=_masked_mean(dual, mask),
+        clip_fraction=masked_mean(clipped, mask),
+        dual_clip_fraction=masked_mean(dual, mask),
         ratio_mean=mean,
         ratio_std=jnp.sqrt(var),
         ratio_max=ratio_max,
@@ -435,6 +441,6 @@ def normalize_advantages(
     advantages: chex.Array, mask: chex.Array | None = None, eps: float = 1e-8
 ) -> chex.Array:
     """(A - mean(A)) / (std(A) + eps) over all elements (optionally masked); shape preserved."""
-    mean = _masked_mean(advantages, mask)
-    std = jnp.sqrt(_masked_mean(jnp.square(advantages - mean), mask))
+    mean = masked_mean(advantages, mask)
+    std = jnp.sqrt(masked_mean(jnp.square(advantages - mean), mask))
     return (advantages - mean) / (std + eps)

@@ -70,12 +70,12 @@ class ActorCriticModule(nn.Module):
             critic_features = actor_features
         else:
             critic_features = MLP(cfg.critic_hidden, cfg.activation, name="critic_torso")(x)
-        value = _dense(1, 1.0)(critic_features)[..., 0]
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="critic_head")(critic_features)[..., 0]
 
         if self.discrete:
-            logits = _dense(self.action_dim, 0.01)(actor_features)
+            logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01), name="actor_head")(actor_features)
             return CategoricalDist(logits), value
-        mean = _dense(self.action_dim, 0.01)(actor_features)
+        mean = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01), name="actor_head")(actor_features)
         if cfg.state_dependent_std:
             log_std = nn.Dense(
                 self.action_dim,

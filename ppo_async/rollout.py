@@ -61,7 +61,7 @@ def rollout_step(
     transition = Transition(
         obs=obs,
         action=action,
-        reward=step.reward * ctx.config.reward_scale,
+        reward=step.reward,
         terminated=step.terminated,
         truncated=step.truncated,
         final_obs=ctx.policy_input(snapshot, step.final_obs),

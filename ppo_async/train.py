@@ -92,7 +92,7 @@ def _train_sync(config: Config, *, progress: bool, on_iteration) -> TrainResult:
 
     t0 = time.perf_counter()
     _, states, step = compiled_sync_step(config)
-    hparams = hyperparams_from_config(config.ppo)
+    hparams = hyperparams_from_config(config)
     compiled = step.lower(states, hparams).compile()
     compile_seconds = time.perf_counter() - t0
 

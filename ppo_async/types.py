@@ -46,7 +46,7 @@ class Transition(NamedTuple):
 
     obs: chex.Array  # [T, N, O...] policy input at step t
     action: chex.Array  # [T, N, A] float32 (unclipped sample) or [T, N] int32
-    reward: chex.Array  # [T, N] reward r_t (times rollout.reward_scale)
+    reward: chex.Array  # [T, N] env reward r_t (the learner applies rollout.reward_scale)
     terminated: chex.Array  # [T, N] bool: the MDP ended at step t (no bootstrap)
     truncated: chex.Array  # [T, N] bool: a time limit cut the episode at step t (bootstrap)
     final_obs: chex.Array  # [T, N, O...] observation reached by step t, before any auto-reset

@@ -59,7 +59,7 @@ def make_contexts(config: Config, axis_name: str | None = None) -> tuple[envs.En
     env = envs.make_env(config.env)
     network = make_actor_critic(env, config.network)
     rollout_ctx = RolloutContext(env=env, network=network, config=config.rollout)
-    learner_ctx = learner.make_learner_context(config, network, axis_name)
+    learner_ctx = learner.make_learner_context(config, network, axis_name=axis_name)
     return env, rollout_ctx, learner_ctx
 
 

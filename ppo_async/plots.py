@@ -1,0 +1,419 @@
+"""Plots of metrics DataFrames (rows as in README "Metrics"; side effect: optional PNG files).
+
+Every function takes a pandas DataFrame of metrics rows (one row per seed x learner
+iteration, as `TrainResult.metrics` / `metrics.jsonl`), returns the matplotlib `Figure` and,
+when `path` is given, also writes it as a PNG. Figures are built on the Agg canvas inside each
+function (`matplotlib.figure.Figure` + `FigureCanvasAgg`): nothing is selected or registered
+globally (no pyplot state), so this works headless, in threads and in notebooks alike.
+
+`None` / NaN values (e.g. `episode_return` of an iteration where no episode finished, or a
+`kl_per_lag` bucket with no sample) are skipped, never plotted as zero.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "learning_curve",
+    "lag_histogram",
+    "kl_over_time",
+    "kl_per_lag",
+    "throughput",
+    "sweep_throughput_kl",
+    "plot_run",
+    "seed_quantiles",
+    "summed_lag_histogram",
+    "mean_kl_per_lag",
+    "KL_WATCH",
+    "KL_HURTING",
+]
+
+KL_WATCH = 0.01  # DESIGN.md: < 0.01 fine, 0.01-0.03 watch, > 0.03 lag is hurting
+KL_HURTING = 0.03
+_MAX_GRID = 500
+_X_LABELS = {"env_steps": "env steps (per seed)", "wall_time": "wall time (s)"}
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _figure(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (7.0, 4.5)) -> tuple[Any, Any]:
+    """A Figure on an Agg canvas (no global backend switch, no pyplot registry) and its axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols)
+    return fig, axes
+
+
+def _save(fig: Any, path: str | os.PathLike | None) -> None:
+    if path is None:
+        return
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, format="png", dpi=100)
+
+
+def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{what} needs a pandas DataFrame of metrics rows, got {type(df).__name__}")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{what} needs the column(s) {missing}, which the metrics do not have "
+            f"(columns present: {sorted(map(str, df.columns))})"
+        )
+
+
+def _numeric(series: pd.Series) -> np.ndarray:
+    """float64 values with None / non-numbers as NaN."""
+    return pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64)
+
+
+def _list_rows(series: pd.Series) -> list[np.ndarray]:
+    """The rows of a list-valued column as float arrays (None entries -> NaN); rows that are
+    not lists (missing in that row) are skipped."""
+    out = []
+    for value in series:
+        if isinstance(value, (list, tuple, np.ndarray)):
+            out.append(np.array([np.nan if v is None else v for v in value], dtype=np.float64))
+    return out
+
+
+def _stack_padded(rows: list[np.ndarray]) -> np.ndarray:
+    """[R, max_len] with NaN padding."""
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def _kl_guides(ax: Any) -> None:
+    """Guide lines at 0.01 ("watch") and 0.03 ("lag hurting"), both kept inside the y range."""
+    ax.axhline(KL_WATCH, color="tab:orange", linestyle=":", linewidth=1.2, label=f"{KL_WATCH:g}: watch")
+    ax.axhline(KL_HURTING, color="tab:red", linestyle=":", linewidth=1.2, label=f"{KL_HURTING:g}: lag hurting")
+    top = ax.get_ylim()[1]
+    ax.set_ylim(0, max(top, KL_HURTING * 1.15))
+
+
+def _seed_groups(df: pd.DataFrame) -> list[pd.DataFrame]:
+    if "seed" in df.columns:
+        return [g for _, g in df.groupby("seed", sort=True)]
+    return [df]
+
+
+def _mean_over_seeds(df: pd.DataFrame, x: str, columns: Sequence[str]) -> pd.DataFrame:
+    """Per distinct x: the NaN-skipping mean over seeds of each column, sorted by x."""
+    data = {x: _numeric(df[x])}
+    for c in columns:
+        data[c] = _numeric(df[c])
+    frame = pd.DataFrame(data).dropna(subset=[x])
+    return frame.groupby(x, sort=True).mean().reset_index()
+
+
+# ---------------------------------------------------------------------------- curves
+
+
+def seed_quantiles(df: pd.DataFrame, x: str = "env_steps", y: str = "episode_return") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """(grid, median, q25, q75, num_seeds) of `y` over seeds on a common x grid.
+
+    Each seed's finite (x, y) points are linearly interpolated onto the grid: the distinct x
+    values of all seeds (or 500 evenly spaced points if there are more) restricted to the range
+    every seed covers, so every grid point's statistics are over all seeds. Seeds with no
+    finite y are left out.
+    """
+    curves = []
+    for g in _seed_groups(df):
+        xs, ys = _numeric(g[x]), _numeric(g[y])
+        ok = np.isfinite(xs) & np.isfinite(ys)
+        if not ok.any():
+            continue
+        order = np.argsort(xs[ok], kind="stable")
+        curves.append((xs[ok][order], ys[ok][order]))
+    if not curves:
+        empty = np.zeros(0)
+        return empty, empty, empty, empty, 0
+    lo = max(c[0][0] for c in curves)
+    hi = min(c[0][-1] for c in curves)
+    if lo > hi:  # the seeds share no x range: use everything, stats over the seeds present
+        lo, hi = min(c[0][0] for c in curves), max(c[0][-1] for c in curves)
+    grid = np.unique(np.concatenate([c[0] for c in curves]))
+    grid = grid[(grid >= lo) & (grid <= hi)]
+    if len(grid) > _MAX_GRID:
+        grid = np.linspace(lo, hi, _MAX_GRID)
+    values = np.stack([np.interp(grid, cx, cy, left=np.nan, right=np.nan) for cx, cy in curves])
+    present = np.isfinite(values).any(axis=0)
+    grid, values = grid[present], values[:, present]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns cannot remain, but be safe
+        median = np.nanmedian(values, axis=0)
+        q25, q75 = np.nanpercentile(values, [25, 75], axis=0)
+    return grid, median, q25, q75, len(curves)
+
+
+def learning_curve(
+    runs: Mapping[str, pd.DataFrame] | pd.DataFrame,
+    x: str = "env_steps",
+    path: str | os.PathLike | None = None,
+    y: str = "episode_return",
+) -> Any:
+    """Several runs overlaid: per run the median of `y` over seeds and a 25-75% band.
+
+    `runs` maps a label to that run's metrics DataFrame (a single DataFrame is one run).
+    `x` is "env_steps" (per seed) or "wall_time". Iterations where no episode finished
+    (`episode_return` None/NaN) are skipped and each seed is interpolated across them.
+    `fig.axes[0].lines[i]` is the median line of the i-th run that has data.
+    """
+    if isinstance(runs, pd.DataFrame):
+        runs = {"run": runs}
+    if not runs:
+        raise ValueError("learning_curve needs at least one run")
+    fig, ax = _figure()
+    plotted = 0
+    for i, (name, df) in enumerate(runs.items()):
+        _require(df, [x, y], f"learning_curve (run {name!r})")
+        grid, median, q25, q75, n = seed_quantiles(df, x, y)
+        if n == 0:
+            continue
+        color = f"C{i % 10}"
+        ax.plot(grid, median, color=color, linewidth=1.8, label=f"{name} (median of {n} seed{'s' if n != 1 else ''})")
+        if n > 1:
+            ax.fill_between(grid, q25, q75, color=color, alpha=0.2, linewidth=0)
+        plotted += 1
+    if plotted == 0:
+        ax.text(0.5, 0.5, f"no finite {y} yet", transform=ax.transAxes, ha="center", va="center")
+    else:
+        ax.legend(loc="best", fontsize="small")
+    ax.set_xlabel(_X_LABELS.get(x, x))
+    ax.set_ylabel(y.replace("_", " "))
+    ax.set_title("Learning curve (median over seeds, 25-75% band)")
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+    return fig
+
+
+def kl_over_time(df: pd.DataFrame, path: str | os.PathLike | None = None, x: str = "env_steps") -> Any:
+    """`approx_kl` (solid) and `approx_kl_max` (dashed, if present) against env steps, mean over
+    seeds, with guide lines at 0.01 ("watch") and 0.03 ("lag hurting").
+
+    `fig.axes[0].lines`: [approx_kl, approx_kl_max (if present), 0.01 guide, 0.03 guide].
+    """
+    _require(df, [x, "approx_kl"], "kl_over_time")
+    cols = ["approx_kl"] + (["approx_kl_max"] if "approx_kl_max" in df.columns else [])
+    agg = _mean_over_seeds(df, x, cols)
+    fig, ax = _figure()
+    ax.plot(agg[x], agg["approx_kl"], color="C0", linewidth=1.6, label="approx_kl (mean over minibatches)")
+    if "approx_kl_max" in cols:
+        ax.plot(agg[x], agg["approx_kl_max"], color="C0", linestyle="--", linewidth=1.0, label="approx_kl_max")
+    _kl_guides(ax)
+    ax.set_xlabel(_X_LABELS.get(x, x))
+    ax.set_ylabel("KL to behaviour policy")
+    ax.set_title("KL to the behaviour policy" + (" (mean over seeds)" if df.get("seed") is not None and df["seed"].nunique() > 1 else ""))
+    ax.legend(loc="best", fontsize="small")
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+    return fig
+
+
+# ---------------------------------------------------------------------------- lag
+
+
+def summed_lag_histogram(df: pd.DataFrame) -> np.ndarray:
+    """Element-wise sum of the `lag_histogram` lists over all rows (None -> 0)."""
+    _require(df, ["lag_histogram"], "lag_histogram")
+    rows = _list_rows(df["lag_histogram"])
+    if not rows:
+        raise ValueError("lag_histogram: the 'lag_histogram' column has no list-valued rows")
+    return np.nansum(_stack_padded(rows), axis=0)
+
+
+def lag_histogram(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
+    """Bar chart of the consumed samples per lag, summed over all rows (iterations, seeds).
+
+    Bar i of `fig.axes[0].patches` has the height of the summed count for lag i.
+    """
+    counts = summed_lag_histogram(df)
+    lags = np.arange(len(counts))
+    total = counts.sum()
+    fig, ax = _figure()
+    ax.bar(lags, counts, color="C2", width=0.8)
+    ax.set_xlabel("lag (learner version at consumption - policy version)")
+    ax.set_ylabel("consumed samples")
+    mean = float((lags * counts).sum() / total) if total > 0 else math.nan
+    ax.set_title(f"Lag histogram ({int(total):,} samples, mean lag {mean:.2f})")
+    ax.set_xticks(lags if len(lags) <= 32 else lags[:: max(1, len(lags) // 16)])
+    ax.grid(alpha=0.3, axis="y")
+    _save(fig, path)
+    return fig
+
+
+def mean_kl_per_lag(df: pd.DataFrame) -> np.ndarray:
+    """Per lag bucket, the mean over rows of `kl_per_lag`, ignoring None/NaN (NaN if no row
+    had a sample with that lag)."""
+    _require(df, ["kl_per_lag"], "kl_per_lag")
+    rows = _list_rows(df["kl_per_lag"])
+    if not rows:
+        raise ValueError("kl_per_lag: the 'kl_per_lag' column has no list-valued rows")
+    stacked = _stack_padded(rows)
+    counts = np.isfinite(stacked).sum(axis=0)
+    sums = np.where(np.isfinite(stacked), stacked, 0.0).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def kl_per_lag(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
+    """Bars of the mean `approx_kl` per lag bucket (unweighted mean over the rows that had
+    samples of that lag); buckets without any sample get no bar. Guides at 0.01 / 0.03."""
+    means = mean_kl_per_lag(df)
+    lags = np.arange(len(means))
+    ok = np.isfinite(means)
+    fig, ax = _figure()
+    ax.bar(lags[ok], means[ok], color="C4", width=0.8, label="mean approx_kl")
+    _kl_guides(ax)
+    ax.set_xlabel("lag")
+    ax.set_ylabel("KL to behaviour policy")
+    ax.set_title("KL per lag" + (f" (no samples at lag {', '.join(map(str, lags[~ok]))})" if (~ok).any() and (~ok).sum() <= 8 else ""))
+    if len(lags):
+        ax.set_xlim(-0.6, len(lags) - 0.4)
+        ax.set_xticks(lags if len(lags) <= 32 else lags[:: max(1, len(lags) // 16)])
+    ax.legend(loc="best", fontsize="small")
+    ax.grid(alpha=0.3, axis="y")
+    _save(fig, path)
+    return fig
+
+
+# ---------------------------------------------------------------------------- throughput
+
+
+def throughput(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
+    """`steps_per_second` (all seeds together) against wall time; one dashed line per sampler
+    if the `sampler_steps_per_second` column exists.
+
+    Rows of the same iteration (one per seed) carry the same figures and are averaged to one
+    point. `fig.axes[0].lines[0]` is the total; lines[1:] are samplers 0, 1, ...
+    """
+    _require(df, ["wall_time", "steps_per_second"], "throughput")
+    key = "iteration" if "iteration" in df.columns else "wall_time"
+    frame = pd.DataFrame({"key": _numeric(df[key]), "wall_time": _numeric(df["wall_time"]), "sps": _numeric(df["steps_per_second"])})
+    agg = frame.groupby("key", sort=True).mean().sort_values("wall_time")
+    fig, ax = _figure()
+    ax.plot(agg["wall_time"], agg["sps"], color="C0", linewidth=1.8, label="total (all seeds)")
+    if "sampler_steps_per_second" in df.columns:
+        per = []
+        for k, w, value in zip(_numeric(df[key]), _numeric(df["wall_time"]), df["sampler_steps_per_second"]):
+            if isinstance(value, (list, tuple, np.ndarray)):
+                per.append((k, w, np.array([np.nan if v is None else v for v in value], dtype=np.float64)))
+        if per:
+            width = max(len(p[2]) for p in per)
+            rows = pd.DataFrame(
+                {"key": [p[0] for p in per], "wall_time": [p[1] for p in per]}
+                | {f"s{j}": [p[2][j] if j < len(p[2]) else np.nan for p in per] for j in range(width)}
+            )
+            sagg = rows.groupby("key", sort=True).mean().sort_values("wall_time")
+            for j in range(width):
+                ax.plot(sagg["wall_time"], sagg[f"s{j}"], linestyle="--", linewidth=1.0, color=f"C{(j + 1) % 10}", label=f"sampler {j}")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("env steps / s")
+    ax.set_title("Throughput")
+    ax.legend(loc="best", fontsize="small")
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+    return fig
+
+
+def sweep_throughput_kl(df: pd.DataFrame, x: str, path: str | os.PathLike | None = None) -> Any:
+    """For a sweep DataFrame with a column `x` (e.g. "num_samplers"): mean `steps_per_second`
+    (left axis, `fig.axes[0].lines[0]`) and mean `approx_kl` (right axis,
+    `fig.axes[1].lines[0]`, with the 0.01 / 0.03 guides) per value of `x`.
+
+    Numeric `x` is plotted in order (log2 axis when it spans a factor of 8 or more);
+    other values are categories in order of first appearance.
+    """
+    _require(df, [x, "steps_per_second", "approx_kl"], "sweep_throughput_kl")
+    frame = pd.DataFrame({"x": df[x].to_numpy(), "sps": _numeric(df["steps_per_second"]), "kl": _numeric(df["approx_kl"])})
+    numeric = pd.api.types.is_numeric_dtype(frame["x"]) and not pd.api.types.is_bool_dtype(frame["x"])
+    agg = frame.groupby("x", sort=numeric).mean()
+    if numeric:
+        xs = agg.index.to_numpy(dtype=np.float64)
+        ticks, ticklabels = xs, [f"{v:g}" for v in xs]
+    else:
+        xs = np.arange(len(agg), dtype=np.float64)
+        ticks, ticklabels = xs, [str(v) for v in agg.index]
+    fig, ax = _figure()
+    ax.plot(xs, agg["sps"].to_numpy(), color="C0", marker="o", linewidth=1.8, label="env steps / s")
+    ax.set_ylabel("env steps / s (mean)", color="C0")
+    ax.tick_params(axis="y", colors="C0")
+    ax.set_ylim(bottom=0)
+    ax2 = ax.twinx()
+    ax2.plot(xs, agg["kl"].to_numpy(), color="C3", marker="s", linewidth=1.8, label="approx_kl")
+    _kl_guides(ax2)
+    ax2.set_ylabel("approx_kl (mean)", color="C3")
+    ax2.tick_params(axis="y", colors="C3")
+    if numeric and len(xs) and xs.min() > 0 and xs.max() / xs.min() >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(ticklabels)
+    ax.set_xlabel(x)
+    ax.set_title(f"Throughput and KL vs {x}")
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax2.legend(handles, [h.get_label() for h in handles], loc="best", fontsize="small")
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+    return fig
+
+
+# ---------------------------------------------------------------------------- a run directory
+
+
+def _has_values(df: pd.DataFrame, column: str, lists: bool = False) -> bool:
+    if column not in df.columns:
+        return False
+    if lists:
+        return any(np.isfinite(r).any() for r in _list_rows(df[column]))
+    return bool(np.isfinite(_numeric(df[column])).any())
+
+
+def plot_run(run_dir: str | os.PathLike) -> list[str]:
+    """Reads `run_dir/metrics.jsonl` and writes every applicable PNG into `run_dir`:
+    learning_curve.png, kl_over_time.png, throughput.png, and lag_histogram.png /
+    kl_per_lag.png when those columns exist. A plot whose columns have no finite value yet
+    (e.g. no episode finished) is skipped. Returns the paths written."""
+    from ppo_async.metrics import read_jsonl
+
+    run_dir = os.fspath(run_dir)
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(metrics_path):
+        raise FileNotFoundError(f"plot_run: no metrics.jsonl in {run_dir!r}")
+    df = pd.DataFrame(read_jsonl(metrics_path))
+    if df.empty:
+        raise ValueError(f"plot_run: {metrics_path} has no rows")
+    name = os.path.basename(os.path.normpath(os.path.abspath(run_dir))) or "run"
+    written: list[str] = []
+
+    def out(stem: str) -> str:
+        p = os.path.join(run_dir, f"{stem}.png")
+        written.append(p)
+        return p
+
+    if _has_values(df, "episode_return") and "env_steps" in df.columns:
+        learning_curve({name: df}, x="env_steps", path=out("learning_curve"))
+    if _has_values(df, "approx_kl") and "env_steps" in df.columns:
+        kl_over_time(df, path=out("kl_over_time"))
+    if _has_values(df, "steps_per_second") and "wall_time" in df.columns:
+        throughput(df, path=out("throughput"))
+    if _has_values(df, "lag_histogram", lists=True):
+        lag_histogram(df, path=out("lag_histogram"))
+    if _has_values(df, "kl_per_lag", lists=True):
+        kl_per_lag(df, path=out("kl_per_lag"))
+    return written

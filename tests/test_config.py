@@ -1,0 +1,290 @@
+"""Tests for `ppo_async.config`: every validation rule (ConfigError naming the dotted field and
+the bad value), frozenness, derived sizes, dict round trip, unknown keys, `replace_path`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+import ppo_async as pa
+from ppo_async.config import Config, ConfigError, NetworkConfig, PPOConfig, RolloutConfig
+
+
+def small(**kw) -> Config:
+    """A valid config with batch 4 * 8 = 32."""
+    kw.setdefault("rollout", RolloutConfig(num_envs=4, num_steps=8))
+    kw.setdefault("ppo", PPOConfig(num_epochs=3, num_minibatches=4))
+    kw.setdefault("total_env_steps", 100)
+    return Config(**kw)
+
+
+def assert_config_error(build, field: str, value) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        build()
+    message = str(info.value)
+    assert field in message, message
+    assert repr(value) in message, message
+    return info.value
+
+
+def test_config_error_is_exported_and_a_value_error():
+    assert pa.ConfigError is ConfigError
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_defaults_are_valid():
+    config = Config()
+    assert config.env == "Pendulum-v1"
+    assert config.batch_size == 16 * 64
+
+
+# (section class, field, bad value, dotted name in the message)
+BAD_SECTION_VALUES = [
+    (PPOConfig, "learning_rate", -1e-3, "ppo.learning_rate"),
+    (PPOConfig, "learning_rate", 0.0, "ppo.learning_rate"),
+    (PPOConfig, "learning_rate", math.inf, "ppo.learning_rate"),
+    (PPOConfig, "learning_rate", math.nan, "ppo.learning_rate"),
+    (PPOConfig, "learning_rate", "0.1", "ppo.learning_rate"),
+    (PPOConfig, "clip_eps", 0.0, "ppo.clip_eps"),
+    (PPOConfig, "clip_eps", -0.2, "ppo.clip_eps"),
+    (PPOConfig, "clip_eps", 1.0, "ppo.clip_eps"),
+    (PPOConfig, "clip_eps", 1.5, "ppo.clip_eps"),
+    (PPOConfig, "dual_clip", 1.0, "ppo.dual_clip"),
+    (PPOConfig, "dual_clip", 0.5, "ppo.dual_clip"),
+    (PPOConfig, "dual_clip", math.inf, "ppo.dual_clip"),
+    (PPOConfig, "dual_clip", True, "ppo.dual_clip"),
+    (PPOConfig, "gamma", 0.0, "ppo.gamma"),
+    (PPOConfig, "gamma", 1.01, "ppo.gamma"),
+    (PPOConfig, "gamma", -0.5, "ppo.gamma"),
+    (PPOConfig, "gae_lambda", 0.0, "ppo.gae_lambda"),
+    (PPOConfig, "gae_lambda", 1.5, "ppo.gae_lambda"),
+    (PPOConfig, "num_epochs", 0, "ppo.num_epochs"),
+    (PPOConfig, "num_epochs", 2.0, "ppo.num_epochs"),
+    (PPOConfig, "num_minibatches", 0, "ppo.num_minibatches"),
+    (PPOConfig, "value_clip_eps", 0.0, "ppo.value_clip_eps"),
+    (PPOConfig, "vf_coef", -0.5, "ppo.vf_coef"),
+    (PPOConfig, "ent_coef", -0.01, "ppo.ent_coef"),
+    (PPOConfig, "max_grad_norm", 0.0, "ppo.max_grad_norm"),
+    (PPOConfig, "adam_eps", 0.0, "ppo.adam_eps"),
+    (PPOConfig, "anneal_lr", "false", "ppo.anneal_lr"),
+    (PPOConfig, "normalize_advantages", 1, "ppo.normalize_advantages"),
+    (RolloutConfig, "num_envs", 0, "rollout.num_envs"),
+    (RolloutConfig, "num_envs", -2, "rollout.num_envs"),
+    (RolloutConfig, "num_envs", True, "rollout.num_envs"),
+    (RolloutConfig, "num_steps", 0, "rollout.num_steps"),
+    (RolloutConfig, "obs_clip", 0.0, "rollout.obs_clip"),
+    (RolloutConfig, "reward_scale", -1.0, "rollout.reward_scale"),
+    (RolloutConfig, "normalize_obs", "no", "rollout.normalize_obs"),
+    (RolloutConfig, "clip_actions", None, "rollout.clip_actions"),
+    (NetworkConfig, "actor_hidden", (0,), "network.actor_hidden"),
+    (NetworkConfig, "actor_hidden", (64, -1), "network.actor_hidden"),
+    (NetworkConfig, "actor_hidden", (64.0,), "network.actor_hidden"),
+    (NetworkConfig, "actor_hidden", (True,), "network.actor_hidden"),
+    (NetworkConfig, "actor_hidden", "64", "network.actor_hidden"),
+    (NetworkConfig, "critic_hidden", (32, 0), "network.critic_hidden"),
+    (NetworkConfig, "activation", "sigmoid", "network.activation"),
+    (NetworkConfig, "activation", "Tanh", "network.activation"),
+    (NetworkConfig, "init_log_std", 3.0, "network.init_log_std"),
+    (NetworkConfig, "init_log_std", -21.0, "network.init_log_std"),
+    (NetworkConfig, "init_log_std", math.nan, "network.init_log_std"),
+    (NetworkConfig, "init_log_std", "0.0", "network.init_log_std"),
+    (NetworkConfig, "shared_torso", "yes", "network.shared_torso"),
+    (NetworkConfig, "state_dependent_std", 0, "network.state_dependent_std"),
+]
+
+
+@pytest.mark.parametrize(
+    "cls,field,value,dotted", BAD_SECTION_VALUES, ids=[f"{d}={v!r}" for _, _, v, d in BAD_SECTION_VALUES]
+)
+def test_section_validation_names_field_and_value(cls, field, value, dotted):
+    err = assert_config_error(lambda: cls(**{field: value}), dotted, value)
+    # the message is "<dotted> = <value> is invalid: <rule>"
+    assert str(err).startswith(f"{dotted} = ")
+
+
+def test_activation_error_lists_the_allowed_ones():
+    err = assert_config_error(lambda: NetworkConfig(activation="sigmoid"), "network.activation", "sigmoid")
+    for name in ("tanh", "relu", "gelu", "silu"):
+        assert name in str(err)
+
+
+def test_unit_interval_bounds_are_inclusive_at_one():
+    ppo = PPOConfig(gamma=1.0, gae_lambda=1.0, clip_eps=0.999, dual_clip=1.0001)
+    assert (ppo.gamma, ppo.gae_lambda) == (1.0, 1.0)
+
+
+def test_network_widths_list_is_stored_as_tuple():
+    net = NetworkConfig(actor_hidden=[8, 4], critic_hidden=[3])
+    assert net.actor_hidden == (8, 4) and net.critic_hidden == (3,)
+
+
+BAD_TOP_LEVEL = [
+    ("seed", -1, "seed"),
+    ("num_seeds", 0, "num_seeds"),
+    ("total_env_steps", 0, "total_env_steps"),
+    ("mode", "async", "mode"),
+]
+
+
+@pytest.mark.parametrize("field,value,dotted", BAD_TOP_LEVEL, ids=[f for f, _, _ in BAD_TOP_LEVEL])
+def test_top_level_validation(field, value, dotted):
+    assert_config_error(lambda: small(**{field: value}), dotted, value)
+
+
+def test_batch_must_divide_into_minibatches():
+    err = assert_config_error(
+        lambda: Config(
+            rollout=RolloutConfig(num_envs=3, num_steps=5),
+            ppo=PPOConfig(num_minibatches=4),
+            total_env_steps=1000,
+        ),
+        "ppo.num_minibatches",
+        4,
+    )
+    assert "15" in str(err)  # the batch size 3 * 5
+    # 3 * 5 = 15 divides into 5 minibatches of 3
+    assert Config(rollout=RolloutConfig(num_envs=3, num_steps=5), ppo=PPOConfig(num_minibatches=5),
+                  total_env_steps=1000).minibatch_size == 3
+
+
+def test_more_minibatches_than_samples_is_rejected():
+    assert_config_error(
+        lambda: small(rollout=RolloutConfig(num_envs=1, num_steps=2), ppo=PPOConfig(num_minibatches=4)),
+        "ppo.num_minibatches",
+        4,
+    )
+
+
+def test_total_env_steps_must_cover_one_batch():
+    err = assert_config_error(lambda: small(total_env_steps=31), "total_env_steps", 31)
+    assert "32" in str(err)
+    assert small(total_env_steps=32).num_iterations == 1
+
+
+def test_unknown_env_lists_known_names():
+    err = assert_config_error(lambda: small(env="NoSuchEnv-v9"), "env", "NoSuchEnv-v9")
+    message = str(err)
+    assert "CartPole-v1" in message and "Pendulum-v1" in message
+
+
+def test_wrong_section_type_is_rejected():
+    assert_config_error(lambda: small(ppo={"clip_eps": 0.1}), "ppo", {"clip_eps": 0.1})
+
+
+def test_frozen():
+    config = small()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.seed = 3  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.ppo.clip_eps = 0.3  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.rollout.num_envs = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.network.activation = "relu"  # type: ignore[misc]
+
+
+def test_derived_sizes_hand_checked():
+    config = small()  # 4 envs x 8 steps, 3 epochs x 4 minibatches, 100 env steps
+    assert config.batch_size == 32
+    assert config.minibatch_size == 8
+    assert config.num_iterations == 3  # floor(100 / 32)
+    assert config.sgd_steps_per_iteration == 12
+    other = Config(
+        rollout=RolloutConfig(num_envs=16, num_steps=64),
+        ppo=PPOConfig(num_epochs=5, num_minibatches=16),
+        total_env_steps=300_000,
+    )
+    assert other.batch_size == 1024
+    assert other.minibatch_size == 64
+    assert other.num_iterations == 292  # 300000 // 1024 = 292 (292 * 1024 = 299008)
+    assert other.sgd_steps_per_iteration == 80
+
+
+def test_replace_revalidates():
+    config = small()
+    assert config.replace(seed=5).seed == 5
+    assert config.replace(seed=5).ppo == config.ppo
+    with pytest.raises(ConfigError, match="total_env_steps"):
+        config.replace(total_env_steps=1)
+
+
+def test_dict_round_trip_is_json_and_equal():
+    config = small(
+        env="CartPole-v1",
+        seed=3,
+        num_seeds=2,
+        run_dir="/tmp/x",
+        ppo=PPOConfig(num_minibatches=2, dual_clip=3.0, value_clip_eps=0.1, clip_eps=0.15),
+        network=NetworkConfig(actor_hidden=(8, 4), critic_hidden=(5,), activation="relu", shared_torso=True),
+    )
+    data = pa.config_to_dict(config)
+    assert data["ppo"]["dual_clip"] == 3.0 and data["ppo"]["clip_eps"] == 0.15
+    assert data["network"]["actor_hidden"] == [8, 4]  # JSON lists
+    assert data["rollout"] == {
+        "num_envs": 4, "num_steps": 8, "normalize_obs": True, "obs_clip": 10.0,
+        "reward_scale": 0.1, "clip_actions": True,
+    }
+    text = json.dumps(data)
+    back = pa.config_from_dict(json.loads(text))
+    assert back == config
+    assert back.network.actor_hidden == (8, 4)
+    # None survives the JSON trip
+    plain = small()
+    assert pa.config_from_dict(json.loads(json.dumps(pa.config_to_dict(plain)))) == plain
+    assert pa.config_to_dict(plain)["ppo"]["dual_clip"] is None
+
+
+def test_from_dict_partial_uses_defaults_and_validates():
+    config = pa.config_from_dict({"env": "CartPole-v1", "total_env_steps": 2048, "ppo": {"clip_eps": 0.3}})
+    assert config.env == "CartPole-v1" and config.ppo.clip_eps == 0.3
+    assert config.ppo.num_epochs == PPOConfig().num_epochs
+    with pytest.raises(ConfigError, match="ppo.gamma"):
+        pa.config_from_dict({"ppo": {"gamma": 2.0}})
+
+
+@pytest.mark.parametrize(
+    "data,needle",
+    [
+        ({"bogus": 1}, "bogus"),
+        ({"ppo": {"clip": 0.1}}, "clip"),
+        ({"network": {"hidden": [4]}}, "hidden"),
+        ({"rollout": {"num_env": 4}}, "num_env"),
+        ({"ppo": 0.1}, "ppo"),
+    ],
+)
+def test_from_dict_unknown_keys_raise(data, needle):
+    with pytest.raises(ConfigError) as info:
+        pa.config_from_dict(data)
+    assert needle in str(info.value)
+
+
+def test_from_dict_rejects_non_mapping():
+    with pytest.raises(ConfigError):
+        pa.config_from_dict([("env", "CartPole-v1")])  # type: ignore[arg-type]
+
+
+def test_replace_path():
+    config = small()
+    changed = pa.replace_path(config, "ppo.clip_eps", 0.1)
+    assert changed.ppo.clip_eps == 0.1
+    assert changed.ppo.num_minibatches == config.ppo.num_minibatches
+    assert changed.rollout == config.rollout and changed.network == config.network
+    assert config.ppo.clip_eps == 0.2  # the original is untouched
+    assert pa.replace_path(config, "seed", 9).seed == 9
+    assert pa.replace_path(config, "network.actor_hidden", [7]).network.actor_hidden == (7,)
+    assert pa.replace_path(config, "env", "CartPole-v1").env == "CartPole-v1"
+
+
+def test_replace_path_errors():
+    config = small()
+    with pytest.raises(ConfigError, match="ppo.clip_eps"):
+        pa.replace_path(config, "ppo.clip_eps", 1.5)  # validated again
+    with pytest.raises(ConfigError, match="ppo.nope"):
+        pa.replace_path(config, "ppo.nope", 1)
+    with pytest.raises(ConfigError, match="nosection"):
+        pa.replace_path(config, "nosection.clip_eps", 1)
+    with pytest.raises(ConfigError):
+        pa.replace_path(config, "ppo.clip_eps.deeper", 1)

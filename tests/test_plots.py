@@ -1,0 +1,238 @@
+"""plots: valid PNGs, the plotted numbers are the right ones, clear errors for missing columns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from ppo_async import plots
+from ppo_async.metrics import JsonlWriter
+
+NAN = float("nan")
+
+
+def assert_png(path) -> None:
+    assert os.path.getsize(path) > 0
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        im.verify()
+    with Image.open(path) as im:
+        assert im.size[0] > 100 and im.size[1] > 100
+
+
+def seed_rows(seed: int, returns: list, steps=(100, 200, 300, 400), **extra) -> list[dict]:
+    rows = []
+    for i, (s, r) in enumerate(zip(steps, returns)):
+        row = {
+            "seed": seed,
+            "iteration": i,
+            "env_steps": s,
+            "wall_time": 0.5 * (i + 1),
+            "steps_per_second": 1000.0 * (i + 1),
+            "episode_return": r,
+            "approx_kl": 0.001 * (i + 1) * (seed + 1),
+            "approx_kl_max": 0.004 * (i + 1) * (seed + 1),
+            "clip_fraction": 0.1,
+        }
+        row.update({k: v[i] for k, v in extra.items()})
+        rows.append(row)
+    return rows
+
+
+def three_seeds() -> pd.DataFrame:
+    # Seed 1 has no finished episode at env step 200 (None): it is interpolated from its
+    # neighbours (100 -> 0, 300 -> 40) to 20.
+    rows = seed_rows(0, [1.0, 2.0, 3.0, 4.0]) + seed_rows(1, [0.0, None, 40.0, 50.0]) + seed_rows(2, [10.0, 30.0, NAN, 10.0])
+    return pd.DataFrame(rows)
+
+
+def test_import_does_not_touch_matplotlib():
+    code = "import sys, ppo_async.plots; assert 'matplotlib' not in sys.modules, 'imported matplotlib'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_learning_curve_median_band_and_png(tmp_path):
+    df = three_seeds()
+    other = pd.DataFrame(seed_rows(0, [5.0, 6.0, 7.0, 8.0]))
+    path = tmp_path / "sub" / "lc.png"
+    fig = plots.learning_curve({"async": df, "sync": other}, x="env_steps", path=path)
+    assert_png(path)
+    ax = fig.axes[0]
+    assert len(ax.lines) == 2
+    np.testing.assert_array_equal(ax.lines[0].get_xdata(), [100, 200, 300, 400])
+    # Per step: seed values (seed 2 at 300 interpolated between 30 and 10 -> 20).
+    per_step = np.array([[1.0, 0.0, 10.0], [2.0, 20.0, 30.0], [3.0, 40.0, 20.0], [4.0, 50.0, 10.0]])
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), np.median(per_step, axis=1))
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), [5.0, 6.0, 7.0, 8.0])
+    # The 25-75% band of the first run.
+    band = ax.collections[0].get_paths()[0].vertices
+    q25, q75 = np.percentile(per_step, [25, 75], axis=1)
+    for xv, lo, hi in zip([100, 200, 300, 400], q25, q75):
+        ys = band[np.isclose(band[:, 0], xv), 1]
+        assert np.isclose(ys.min(), lo) and np.isclose(ys.max(), hi)
+    labels = [line.get_label() for line in ax.lines]
+    assert labels[0].startswith("async") and "3 seeds" in labels[0] and labels[1].startswith("sync")
+
+
+def test_learning_curve_common_grid_and_wall_time():
+    # Seeds logged at different env steps: the grid is the union restricted to the overlap.
+    a = seed_rows(0, [0.0, 10.0, 20.0], steps=(0, 100, 200))
+    b = seed_rows(1, [5.0, 15.0, 25.0], steps=(50, 150, 250))
+    fig = plots.learning_curve(pd.DataFrame(a + b), x="env_steps")
+    line = fig.axes[0].lines[0]
+    np.testing.assert_array_equal(line.get_xdata(), [50, 100, 150, 200])
+    # seed 0: 5, 10, 15, 20; seed 1: 5, 10, 15, 20 (interpolated) -> median identical.
+    np.testing.assert_allclose(line.get_ydata(), [5.0, 10.0, 15.0, 20.0])
+    fig = plots.learning_curve(pd.DataFrame(a), x="wall_time")
+    np.testing.assert_allclose(fig.axes[0].lines[0].get_xdata(), [0.5, 1.0, 1.5])
+    assert fig.axes[0].get_xlabel() == "wall time (s)"
+
+
+def test_learning_curve_errors_and_empty():
+    df = three_seeds()
+    with pytest.raises(ValueError, match=r"run 'x'.*\['episode_return'\]"):
+        plots.learning_curve({"x": df.drop(columns="episode_return")})
+    with pytest.raises(ValueError, match="at least one run"):
+        plots.learning_curve({})
+    empty = df.assign(episode_return=None)
+    fig = plots.learning_curve({"x": empty})  # no finished episode yet: a figure, no line
+    assert len(fig.axes[0].lines) == 0 and "no finite" in fig.axes[0].texts[0].get_text()
+
+
+def test_kl_over_time_lines_and_guides(tmp_path):
+    df = three_seeds()
+    fig = plots.kl_over_time(df, path=tmp_path / "kl.png")
+    assert_png(tmp_path / "kl.png")
+    lines = fig.axes[0].lines
+    assert len(lines) == 4
+    # Mean over the 3 seeds: 0.001 * (i+1) * mean(1, 2, 3) = 0.002 * (i+1).
+    np.testing.assert_array_equal(lines[0].get_xdata(), [100, 200, 300, 400])
+    np.testing.assert_allclose(lines[0].get_ydata(), [0.002, 0.004, 0.006, 0.008])
+    np.testing.assert_allclose(lines[1].get_ydata(), [0.008, 0.016, 0.024, 0.032])
+    assert lines[1].get_linestyle() == "--" and lines[0].get_linestyle() == "-"
+    assert lines[2].get_ydata()[0] == 0.01 and "watch" in lines[2].get_label()
+    assert lines[3].get_ydata()[0] == 0.03 and "lag hurting" in lines[3].get_label()
+    # Without approx_kl_max: one data line plus the guides.
+    fig = plots.kl_over_time(df.drop(columns="approx_kl_max"))
+    assert len(fig.axes[0].lines) == 3
+    with pytest.raises(ValueError, match="approx_kl"):
+        plots.kl_over_time(df.drop(columns="approx_kl"))
+
+
+def lag_frame() -> pd.DataFrame:
+    hist = [[5, 3, 0, 1], [2, 2, 2, 2], None, [1, 0, 0, 0]]
+    kl = [[0.001, 0.01, None, 0.05], [0.003, 0.02, 0.03, 0.07], None, [0.002, None, None, None]]
+    rows = seed_rows(0, [1.0, 2.0, 3.0, 4.0], lag_histogram=hist, kl_per_lag=kl, lag_mean=[0.7, 1.5, None, 0.0], sampler_steps_per_second=[[10, 20], [11, 21], [12, None], [13, 23]])
+    return pd.DataFrame(rows)
+
+
+def test_lag_histogram_bar_heights(tmp_path):
+    fig = plots.lag_histogram(lag_frame(), path=tmp_path / "lag.png")
+    assert_png(tmp_path / "lag.png")
+    patches = fig.axes[0].patches
+    assert [p.get_height() for p in patches] == [8, 5, 2, 3]
+    np.testing.assert_allclose([p.get_x() + p.get_width() / 2 for p in patches], [0, 1, 2, 3])
+    assert "18 samples" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match=r"lag_histogram.*\['lag_histogram'\].*columns present"):
+        plots.lag_histogram(pd.DataFrame(seed_rows(0, [1.0] * 4)))
+    with pytest.raises(ValueError, match="no list-valued rows"):
+        plots.lag_histogram(pd.DataFrame({"lag_histogram": [None, None]}))
+
+
+def test_kl_per_lag_ignores_none(tmp_path):
+    fig = plots.kl_per_lag(lag_frame(), path=tmp_path / "klag.png")
+    assert_png(tmp_path / "klag.png")
+    patches = fig.axes[0].patches
+    np.testing.assert_allclose([p.get_height() for p in patches], [0.002, 0.015, 0.03, 0.06])
+    # A lag bucket no row had a sample in gets no bar.
+    df = pd.DataFrame({"kl_per_lag": [[0.01, None, 0.02], [0.03, None, None]]})
+    fig = plots.kl_per_lag(df)
+    patches = fig.axes[0].patches
+    np.testing.assert_allclose([p.get_x() + p.get_width() / 2 for p in patches], [0, 2])
+    np.testing.assert_allclose([p.get_height() for p in patches], [0.02, 0.02])
+    labels = [line.get_label() for line in fig.axes[0].lines]
+    assert any("watch" in s for s in labels) and any("lag hurting" in s for s in labels)
+    with pytest.raises(ValueError, match="kl_per_lag"):
+        plots.kl_per_lag(three_seeds())
+
+
+def test_throughput_total_and_per_sampler(tmp_path):
+    fig = plots.throughput(three_seeds(), path=tmp_path / "tp.png")
+    assert_png(tmp_path / "tp.png")
+    lines = fig.axes[0].lines
+    assert len(lines) == 1  # one point per iteration, not per seed
+    np.testing.assert_allclose(lines[0].get_xdata(), [0.5, 1.0, 1.5, 2.0])
+    np.testing.assert_allclose(lines[0].get_ydata(), [1000, 2000, 3000, 4000])
+    fig = plots.throughput(lag_frame())
+    lines = fig.axes[0].lines
+    assert [line.get_label() for line in lines] == ["total (all seeds)", "sampler 0", "sampler 1"]
+    np.testing.assert_allclose(lines[1].get_ydata(), [10, 11, 12, 13])
+    np.testing.assert_allclose(lines[2].get_ydata(), [20, 21, NAN, 23])
+    with pytest.raises(ValueError, match="steps_per_second"):
+        plots.throughput(three_seeds().drop(columns="steps_per_second"))
+
+
+def test_sweep_throughput_kl_twin_axes(tmp_path):
+    rows = []
+    for n, (sps, kl) in {1: (100.0, 0.001), 2: (180.0, 0.004), 4: (300.0, 0.012), 8: (400.0, 0.04)}.items():
+        for rep in range(3):  # three rows per value: the plot shows their mean
+            rows.append({"num_samplers": n, "steps_per_second": sps + (rep - 1) * 10, "approx_kl": kl * (1 + 0.1 * (rep - 1))})
+    df = pd.DataFrame(rows).sample(frac=1.0, random_state=0)  # order must not matter
+    fig = plots.sweep_throughput_kl(df, x="num_samplers", path=tmp_path / "sweep.png")
+    assert_png(tmp_path / "sweep.png")
+    assert len(fig.axes) == 2
+    sps_line, kl_line = fig.axes[0].lines[0], fig.axes[1].lines[0]
+    np.testing.assert_allclose(sps_line.get_xdata(), [1, 2, 4, 8])
+    np.testing.assert_allclose(sps_line.get_ydata(), [100, 180, 300, 400])
+    np.testing.assert_allclose(kl_line.get_ydata(), [0.001, 0.004, 0.012, 0.04])
+    assert fig.axes[0].get_xlabel() == "num_samplers"
+    # Categorical x keeps first-appearance order.
+    cat = pd.DataFrame({"mode": ["sync", "threaded", "sync"], "steps_per_second": [1.0, 5.0, 3.0], "approx_kl": [0.0, 0.02, 0.0]})
+    fig = plots.sweep_throughput_kl(cat, x="mode")
+    np.testing.assert_allclose(fig.axes[0].lines[0].get_ydata(), [2.0, 5.0])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["sync", "threaded"]
+    with pytest.raises(ValueError, match=r"\['max_lag'\]"):
+        plots.sweep_throughput_kl(df, x="max_lag")
+
+
+def write_run(run_dir, rows) -> None:
+    with JsonlWriter(os.path.join(run_dir, "metrics.jsonl")) as w:
+        for row in rows:
+            w.write({k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in row.items()})
+
+
+def test_plot_run_sync_and_lag_runs(tmp_path):
+    sync_dir = tmp_path / "sync"
+    write_run(sync_dir, three_seeds().to_dict("records"))
+    paths = plots.plot_run(str(sync_dir))
+    assert [os.path.basename(p) for p in paths] == ["learning_curve.png", "kl_over_time.png", "throughput.png"]
+    for p in paths:
+        assert os.path.dirname(p) == str(sync_dir)
+        assert_png(p)
+
+    lag_dir = tmp_path / "lagged"
+    write_run(lag_dir, lag_frame().to_dict("records"))
+    with open(lag_dir / "metrics.jsonl", "a") as f:
+        f.write('{"seed": 0, "iterat')  # a torn last line from a killed run is ignored
+    paths = plots.plot_run(lag_dir)
+    assert [os.path.basename(p) for p in paths] == ["learning_curve.png", "kl_over_time.png", "throughput.png", "lag_histogram.png", "kl_per_lag.png"]
+    for p in paths:
+        assert_png(p)
+
+    # No finished episode yet: the learning curve is skipped, the rest is written.
+    early = tmp_path / "early"
+    rows = three_seeds().assign(episode_return=None).to_dict("records")
+    write_run(early, rows)
+    assert [os.path.basename(p) for p in plots.plot_run(early)] == ["kl_over_time.png", "throughput.png"]
+    with open(early / "metrics.jsonl") as f:
+        assert json.loads(f.readline())["episode_return"] is None
+
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+        plots.plot_run(tmp_path / "nowhere")
