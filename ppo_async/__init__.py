@@ -4,6 +4,7 @@ from ppo_async import losses
 from ppo_async.config import (
     Config,
     ConfigError,
+    LagConfig,
     NetworkConfig,
     PPOConfig,
     RolloutConfig,
@@ -14,6 +15,8 @@ from ppo_async.config import (
 from ppo_async.envs import Env, make_env
 from ppo_async.metrics import NonFiniteError, read_jsonl
 from ppo_async.networks import ActorCritic, make_actor_critic
+from ppo_async.lag import LagSchedule, make_schedule, read_schedule, write_schedule
+from ppo_async.sweep import load_sweep, save_sweep, sweep
 from ppo_async.train import TrainResult, train
 
 __version__ = "0.1.0"
@@ -23,6 +26,8 @@ __all__ = [
     "Config",
     "ConfigError",
     "Env",
+    "LagConfig",
+    "LagSchedule",
     "NetworkConfig",
     "NonFiniteError",
     "PPOConfig",
@@ -30,10 +35,16 @@ __all__ = [
     "TrainResult",
     "config_from_dict",
     "config_to_dict",
+    "load_sweep",
     "losses",
     "make_actor_critic",
     "make_env",
+    "make_schedule",
     "read_jsonl",
+    "read_schedule",
     "replace_path",
+    "save_sweep",
+    "sweep",
     "train",
+    "write_schedule",
 ]

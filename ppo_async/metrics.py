@@ -68,8 +68,9 @@ def check_finite(rows: Iterable[Mapping[str, Any]], names: Iterable[str], iterat
     for row in rows:
         for name in names:
             if name in row and row[name] is None:
+                where = ", ".join(f"{k} {row[k]}" for k in ("config_id", "seed") if k in row)
                 raise NonFiniteError(
-                    f"{name} became NaN or infinite at iteration {iteration} (seed {row.get('seed')}); "
+                    f"{name} became NaN or infinite at iteration {iteration} ({where}); "
                     "check the env's observations/rewards, the learning rate and max_grad_norm"
                 )
 

@@ -54,20 +54,27 @@ def rollout_metrics(stats: RolloutStats) -> dict[str, chex.Array]:
     }
 
 
-def make_contexts(config: Config, axis_name: str | None = None) -> tuple[envs.Env, RolloutContext, LearnerContext]:
+def make_contexts(
+    config: Config, lag_buckets: int = 1, axis_name: str | None = None
+) -> tuple[envs.Env, RolloutContext, LearnerContext]:
     """Env, rollout context and learner context of a config."""
     env = envs.make_env(config.env)
     network = make_actor_critic(env, config.network)
     rollout_ctx = RolloutContext(env=env, network=network, config=config.rollout)
-    learner_ctx = learner.make_learner_context(config, network, axis_name=axis_name)
+    learner_ctx = learner.make_learner_context(config, network, lag_buckets=lag_buckets, axis_name=axis_name)
     return env, rollout_ctx, learner_ctx
+
+
+def sampler_env_key(env_key: chex.PRNGKey, sampler: int) -> chex.PRNGKey:
+    """Env-reset key of sampler s; sync mode is sampler 0, so it matches a one-sampler emulation."""
+    return jax.random.fold_in(env_key, sampler)
 
 
 def init_runner_state(config: Config, rollout_ctx: RolloutContext, learner_ctx: LearnerContext, key: chex.PRNGKey) -> RunnerState:
     """Fresh train state and N reset envs from one seed key."""
     param_key, env_key, run_key = jax.random.split(key, 3)
     train_state = learner.init_train_state(learner_ctx, param_key, rollout_ctx.env.obs_shape)
-    env_state = envs.reset_envs(rollout_ctx.env, env_key, config.rollout.num_envs)
+    env_state = envs.reset_envs(rollout_ctx.env, sampler_env_key(env_key, 0), config.rollout.num_envs)
     return RunnerState(train_state, env_state, run_key)
 
 
@@ -84,7 +91,6 @@ def sync_iteration(
     metrics.update(rollout_metrics(trajectory.stats))
     metrics["learner_version"] = train_state.version
     metrics["sgd_steps"] = train_state.sgd_steps
-    metrics["env_steps"] = train_state.env_steps
     return RunnerState(train_state, env_state, key), metrics
 
 
@@ -97,21 +103,3 @@ def make_sync_program(config: Config) -> SyncProgram:
         init=lambda key: init_runner_state(config, rollout_ctx, learner_ctx, key),
         iteration=lambda state, hparams: sync_iteration(rollout_ctx, learner_ctx, state, hparams),
     )
-
-
-def seed_keys(config: Config) -> chex.PRNGKey:
-    """`[num_seeds]` keys; seed i uses PRNGKey(config.seed + i), so seed s alone reproduces it."""
-    return jnp.stack([jax.random.PRNGKey(config.seed + i) for i in range(config.num_seeds)])
-
-
-def compiled_sync_step(config: Config) -> tuple[SyncProgram, Any, Any]:
-    """`(program, init_states, jit(vmap(iteration)))` for all seeds of a config."""
-    program = make_sync_program(config)
-    states = jax.jit(jax.vmap(program.init))(seed_keys(config))
-    step = jax.jit(jax.vmap(program.iteration, in_axes=(0, None)), donate_argnums=(0,))
-    return program, states, step
-
-
-def host_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Pull one iteration's batched metrics to the host."""
-    return jax.device_get(metrics)

@@ -1,0 +1,212 @@
+"""Lag schedules (simulated mode), the version-schedule file format, and refresh rules.
+
+A **lag schedule** says, for each learner iteration i, which sampler's batch is consumed
+(`sampler_id[i]`) and how many versions old its params are (`lag[i]`). Schedules are drawn
+on the host with numpy from `LagConfig.seed` and enter the jitted program as int32 arrays,
+so changing lag values never recompiles; only the ring of past params has a static size
+(`ring_size = max(lag) + 1`).
+
+**Version-schedule file** (written by threaded runs, read by `schedule="replay"`): JSON lines
+(or CSV with a header) with one record per consumed batch and the columns
+`SCHEDULE_COLUMNS`: `iteration` (1-based consumption order), `sampler_id`,
+`policy_version` (version of the params that produced the batch), `learner_version`
+(learner version when it was consumed), `lag` (= learner_version - policy_version),
+`produced_time` and `consumed_time` (seconds since the run started; may be null).
+Replay uses `sampler_id` and `lag`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from typing import Any, Iterable, Mapping, NamedTuple
+
+import numpy as np
+
+from ppo_async.config import ConfigError, LagConfig
+
+SCHEDULE_COLUMNS = (
+    "iteration",
+    "sampler_id",
+    "policy_version",
+    "learner_version",
+    "lag",
+    "produced_time",
+    "consumed_time",
+)
+
+
+class LagSchedule(NamedTuple):
+    """Per learner iteration: the sampler consumed and the lag of its params (int32 `[I]` each)."""
+
+    sampler_id: np.ndarray
+    lag: np.ndarray
+
+    @property
+    def ring_size(self) -> int:
+        """Past param versions the emulation must keep: max(lag) + 1."""
+        return int(self.lag.max(initial=0)) + 1
+
+
+def round_robin(num_iterations: int, num_samplers: int) -> np.ndarray:
+    """Sampler consumed at iteration i: i mod S (int32 `[I]`)."""
+    return (np.arange(num_iterations) % num_samplers).astype(np.int32)
+
+
+def straggler_lags(num_iterations: int, num_samplers: int, fraction: float, slowdown: int) -> np.ndarray:
+    """Lags when the first ceil(fraction * S) samplers refresh only every `slowdown`-th rollout.
+
+    Samplers are consumed round-robin, one batch per iteration, so sampler s produces at
+    iterations s, s + S, s + 2S, ... A fast sampler refreshes before every rollout (lag 0); a
+    straggler refreshes at its rollouts 0, slowdown, 2 slowdown, ... and keeps those params,
+    so its lag cycles through 0, S, 2S, ..., (slowdown - 1) S learner versions.
+    """
+    num_slow = min(num_samplers, math.ceil(fraction * num_samplers))
+    lags = np.zeros(num_iterations, np.int32)
+    for i in range(num_iterations):
+        sampler, rollout_index = i % num_samplers, i // num_samplers
+        if sampler < num_slow:
+            lags[i] = (rollout_index % slowdown) * num_samplers
+    return lags
+
+
+def make_schedule(lag: LagConfig, num_iterations: int) -> LagSchedule:
+    """The lag schedule of a config for `num_iterations` learner iterations.
+
+    Raises:
+      ConfigError: a replay file that is missing, malformed, too short for the run, or names
+        more samplers than `lag.num_samplers`.
+    """
+    num_samplers = lag.effective_num_samplers
+    samplers = round_robin(num_iterations, num_samplers)
+    rng = np.random.default_rng(lag.seed)
+    if lag.schedule == "fixed":
+        lags = np.full(num_iterations, lag.K, np.int32)
+    elif lag.schedule == "per_sampler":
+        lags = np.asarray(lag.per_sampler, np.int32)[samplers]
+    elif lag.schedule == "uniform":
+        lags = rng.integers(lag.low, lag.high + 1, size=num_iterations).astype(np.int32)
+    elif lag.schedule == "geometric":
+        lags = np.minimum(rng.geometric(lag.p, size=num_iterations) - 1, lag.high).astype(np.int32)
+    elif lag.schedule == "straggler":
+        lags = straggler_lags(num_iterations, num_samplers, lag.fraction, lag.slowdown)
+    elif lag.schedule == "replay":
+        replayed = read_schedule(lag.replay_path)
+        if len(replayed.lag) < num_iterations:
+            raise ConfigError(
+                f"lag.replay_path = {lag.replay_path!r} holds {len(replayed.lag)} consumed batches but the run "
+                f"needs {num_iterations} learner iterations; lower total_env_steps to at most "
+                f"{len(replayed.lag)} batches"
+            )
+        if int(replayed.sampler_id.max(initial=0)) >= num_samplers:
+            raise ConfigError(
+                f"lag.num_samplers = {num_samplers} is invalid: the replayed schedule names sampler "
+                f"{int(replayed.sampler_id.max())}; set lag.num_samplers >= {int(replayed.sampler_id.max()) + 1}"
+            )
+        return LagSchedule(replayed.sampler_id[:num_iterations], replayed.lag[:num_iterations])
+    else:  # LagConfig validates the name
+        raise ConfigError(f"lag.schedule = {lag.schedule!r} is not supported")
+    return LagSchedule(samplers, lags)
+
+
+# --------------------------------------------------------------------------------------
+# Version-schedule files
+# --------------------------------------------------------------------------------------
+
+
+def schedule_record(
+    iteration: int,
+    sampler_id: int,
+    policy_version: int,
+    learner_version: int,
+    produced_time: float | None = None,
+    consumed_time: float | None = None,
+) -> dict[str, Any]:
+    """One consumed batch as a version-schedule record (lag derived here, where it is made)."""
+    return {
+        "iteration": int(iteration),
+        "sampler_id": int(sampler_id),
+        "policy_version": int(policy_version),
+        "learner_version": int(learner_version),
+        # lag = learner version at consumption - version of the params that produced the batch
+        "lag": int(learner_version) - int(policy_version),
+        "produced_time": produced_time,
+        "consumed_time": consumed_time,
+    }
+
+
+def write_schedule(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> None:
+    """Writes records as JSON lines (`.jsonl`) or CSV (`.csv`)."""
+    path = os.fspath(path)
+    records = list(records)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if path.endswith(".csv"):
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=SCHEDULE_COLUMNS)
+            writer.writeheader()
+            for record in records:
+                writer.writerow({k: record.get(k) for k in SCHEDULE_COLUMNS})
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps({k: record.get(k) for k in SCHEDULE_COLUMNS}) + "\n")
+
+
+def read_schedule(path: str | os.PathLike | None) -> LagSchedule:
+    """Reads a version-schedule file (JSONL or CSV) into a `LagSchedule`, in consumption order.
+
+    Raises ConfigError naming the file and the problem (missing, empty, missing columns,
+    negative lags or sampler ids, lag inconsistent with the versions).
+    """
+    if path is None or not os.path.isfile(path):
+        raise ConfigError(f"lag.replay_path = {path!r}: no such file")
+    path = os.fspath(path)
+    try:
+        if path.endswith(".csv"):
+            with open(path, newline="", encoding="utf-8") as f:
+                rows = list(csv.DictReader(f))
+        else:
+            with open(path, encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"lag.replay_path = {path!r}: cannot parse: {exc}") from None
+    if not rows:
+        raise ConfigError(f"lag.replay_path = {path!r}: the schedule is empty")
+    needed = ("sampler_id", "lag")
+    for i, row in enumerate(rows):
+        missing = [c for c in needed if row.get(c) in (None, "")]
+        if missing:
+            raise ConfigError(f"lag.replay_path = {path!r}: record {i + 1} lacks {missing}")
+    order = np.argsort([int(r.get("iteration") or i + 1) for i, r in enumerate(rows)], kind="stable")
+    rows = [rows[i] for i in order]
+    sampler_id = np.asarray([int(r["sampler_id"]) for r in rows], np.int32)
+    lag = np.asarray([int(r["lag"]) for r in rows], np.int32)
+    for i, r in enumerate(rows):
+        if r.get("policy_version") not in (None, "") and r.get("learner_version") not in (None, ""):
+            if int(r["learner_version"]) - int(r["policy_version"]) != int(r["lag"]):
+                raise ConfigError(
+                    f"lag.replay_path = {path!r}: record {i + 1} has lag {r['lag']} but learner_version - "
+                    f"policy_version = {int(r['learner_version']) - int(r['policy_version'])}"
+                )
+    if (sampler_id < 0).any() or (lag < 0).any():
+        raise ConfigError(f"lag.replay_path = {path!r}: sampler ids and lags must be >= 0")
+    return LagSchedule(sampler_id, lag)
+
+
+# --------------------------------------------------------------------------------------
+# Refresh rules (used by samplers in the threaded mode; pure)
+# --------------------------------------------------------------------------------------
+
+
+def should_refresh(
+    sampler_version: int, latest_version: int, refresh_lag: int, since_refresh_s: float, min_refresh_interval_s: float
+) -> bool:
+    """Pull new params when at least `refresh_lag` versions behind and not refreshed too recently."""
+    return latest_version - sampler_version >= refresh_lag and since_refresh_s >= min_refresh_interval_s
+
+
+def must_force_refresh(sampler_version: int, latest_version: int, max_lag: int | None) -> bool:
+    """Forced refresh: the sampler is more than `max_lag` versions behind (its rollout is discarded)."""
+    return max_lag is not None and latest_version - sampler_version > max_lag

@@ -1,0 +1,151 @@
+"""Simulated mode: exact, reproducible policy lag inside one jitted program.
+
+`num_samplers` emulated samplers each own N envs (with their own env seeds). Learner
+iteration i consumes one rollout of sampler `schedule.sampler_id[i]`, produced with the
+params of version `v - schedule.lag[i]` (v = current learner version, floored at 0 during
+warm-up), read from a device-side ring of the last `ring_size` param snapshots. Behaviour
+log-probs and distributions therefore come from the stale params and importance ratios are
+real. The schedule arrays and every `Hyperparams` field are traced inputs: one compile
+serves every lag value / clip / dual-clip setting with the same ring size.
+
+With one sampler and lag 0 this computes exactly what `sync` computes (tested bit for bit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppo_async import envs, learner
+from ppo_async.config import Config
+from ppo_async.lag import LagSchedule, make_schedule
+from ppo_async.learner import Hyperparams, LearnerContext
+from ppo_async.modes.sync import make_contexts, rollout_metrics, sampler_env_key
+from ppo_async.rollout import RolloutContext, rollout
+from ppo_async.types import EnvState, PolicySnapshot, TrainState, snapshot_of
+
+
+class SimState(NamedTuple):
+    """State of a simulated run (per seed)."""
+
+    train_state: TrainState
+    env_states: EnvState  # leaves [S, N, ...]: one env batch per emulated sampler
+    ring: PolicySnapshot  # leaves [R, ...]: slot u % R holds version u for u in (v - R, v]
+    key: chex.PRNGKey
+    iteration: chex.Array  # [] int32 schedule position (learner iterations done)
+
+
+class ScheduleArrays(NamedTuple):
+    """Traced schedule inputs, `[I]` int32 each."""
+
+    sampler_id: chex.Array
+    lag: chex.Array
+
+
+def schedule_arrays(schedule: LagSchedule) -> ScheduleArrays:
+    return ScheduleArrays(jnp.asarray(schedule.sampler_id, jnp.int32), jnp.asarray(schedule.lag, jnp.int32))
+
+
+def init_sim_state(
+    config: Config,
+    rollout_ctx: RolloutContext,
+    learner_ctx: LearnerContext,
+    key: chex.PRNGKey,
+    num_samplers: int,
+    ring_size: int,
+) -> SimState:
+    """Fresh train state, `num_samplers` env batches with distinct seeds, a ring filled with version 0."""
+    param_key, env_key, run_key = jax.random.split(key, 3)
+    train_state = learner.init_train_state(learner_ctx, param_key, rollout_ctx.env.obs_shape)
+    per_sampler = [
+        envs.reset_envs(rollout_ctx.env, sampler_env_key(env_key, s), config.rollout.num_envs)
+        for s in range(num_samplers)
+    ]
+    env_states = jax.tree.map(lambda *xs: jnp.stack(xs), *per_sampler)
+    ring = jax.tree.map(lambda x: jnp.broadcast_to(x, (ring_size,) + x.shape), snapshot_of(train_state))
+    return SimState(train_state, env_states, ring, run_key, jnp.zeros((), jnp.int32))
+
+
+def read_ring(ring: PolicySnapshot, version: chex.Array) -> PolicySnapshot:
+    """The snapshot of `version` (must lie within the last ring_size versions)."""
+    ring_size = ring.version.shape[0]
+    return jax.tree.map(lambda r: r[version % ring_size], ring)
+
+
+def write_ring(ring: PolicySnapshot, snapshot: PolicySnapshot) -> PolicySnapshot:
+    """Stores a snapshot in the slot of its version."""
+    ring_size = ring.version.shape[0]
+    return jax.tree.map(lambda r, x: r.at[snapshot.version % ring_size].set(x), ring, snapshot)
+
+
+def simulated_iteration(
+    rollout_ctx: RolloutContext,
+    learner_ctx: LearnerContext,
+    state: SimState,
+    hparams: Hyperparams,
+    schedule: ScheduleArrays,
+) -> tuple[SimState, dict[str, chex.Array]]:
+    """One learner iteration consuming a batch produced `lag` versions ago by one sampler."""
+    sampler = schedule.sampler_id[state.iteration]
+    requested_lag = schedule.lag[state.iteration]
+    version = state.train_state.version
+    # Behaviour params: `requested_lag` versions behind, never before version 0 (warm-up).
+    behavior_version = jnp.maximum(version - requested_lag, 0)
+    snapshot = read_ring(state.ring, behavior_version)
+    env_state = jax.tree.map(lambda e: e[sampler], state.env_states)
+    key, rollout_key, update_key = jax.random.split(state.key, 3)
+    env_state, trajectory = rollout(rollout_ctx, snapshot, env_state, rollout_key)
+    env_states = jax.tree.map(lambda all_, new: all_.at[sampler].set(new), state.env_states, env_state)
+    train_state, metrics = learner.ppo_update(learner_ctx, state.train_state, trajectory, update_key, hparams)
+    ring = write_ring(state.ring, snapshot_of(train_state))
+    metrics.update(rollout_metrics(trajectory.stats))
+    metrics["learner_version"] = train_state.version
+    metrics["sgd_steps"] = train_state.sgd_steps
+    metrics["sampler_id"] = sampler
+    metrics["behavior_version"] = behavior_version
+    iteration = state.iteration + 1
+    return SimState(train_state, env_states, ring, key, iteration), metrics
+
+
+@dataclass(frozen=True)
+class SimulatedProgram:
+    """Pure functions of one simulated run (vmap them over seeds and configs)."""
+
+    rollout_ctx: RolloutContext
+    learner_ctx: LearnerContext
+    num_samplers: int
+    ring_size: int
+    init: Callable[[chex.PRNGKey], SimState]
+    iteration: Callable[[SimState, Hyperparams, ScheduleArrays], tuple[SimState, dict[str, Any]]]
+
+
+def make_simulated_program(config: Config, ring_size: int, lag_buckets: int | None = None) -> SimulatedProgram:
+    """The pure init / iteration functions of a simulated run with a ring of `ring_size` versions.
+
+    `lag_buckets` (default ring_size) is the length of the lag histogram / per-lag breakdown.
+    """
+    num_samplers = config.lag.effective_num_samplers
+    _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets or ring_size)
+    return SimulatedProgram(
+        rollout_ctx=rollout_ctx,
+        learner_ctx=learner_ctx,
+        num_samplers=num_samplers,
+        ring_size=ring_size,
+        init=lambda key: init_sim_state(config, rollout_ctx, learner_ctx, key, num_samplers, ring_size),
+        iteration=lambda state, hparams, sched: simulated_iteration(rollout_ctx, learner_ctx, state, hparams, sched),
+    )
+
+
+def simulated_setup(config: Config) -> tuple[SimulatedProgram, LagSchedule]:
+    """Program and schedule of a simulated config."""
+    schedule = make_schedule(config.lag, config.num_iterations)
+    return make_simulated_program(config, schedule.ring_size), schedule
+
+
+def max_schedule_lag(schedule: LagSchedule) -> int:
+    return int(np.max(schedule.lag, initial=0))

@@ -1,0 +1,214 @@
+"""Programmatic sweeps over lag and PPO knobs, one compile per group of shape-compatible configs.
+
+    df = ppo_async.sweep(
+        config,
+        grid={"lag.K": [0, 2, 8], "ppo.dual_clip": [None, 3.0], "ppo.clip_eps": [0.2, 0.1]},
+        seeds=3,                 # or an explicit list of seeds
+        strategy="auto",         # "vmap" | "loop" | "auto" (vmap on an accelerator, loop on CPU)
+    )
+
+Every grid key is a dotted config path; the grid is the cartesian product. Runs use the
+simulated mode (one sampler, lag 0 is bit-for-bit sync PPO). Fields that do not change
+array shapes — every `Hyperparams` field (learning rate, gamma, gae_lambda, clip_eps,
+dual_clip incl. None, value/entropy coefficients, grad clip, reward scale, V-trace
+truncations, value-update cadence, max_lag) and every lag-schedule field but the number of
+samplers — are traced inputs, so **one compile serves all of them**. Other fields (env,
+network, num_envs, num_steps, epochs, minibatches, num_samplers, advantage_estimator,
+value clipping on/off, total_env_steps, ...) split the grid into groups compiled once each.
+The lag ring of a group is sized for its largest lag.
+
+`vmap` runs all configs x seeds of a group as one batched program; `loop` calls one compiled
+(seed-vmapped) program once per config. Returns a tidy DataFrame: one row per
+config x seed x learner iteration, with `config_id`, one column per grid key, `seed` and
+every metric. `df.attrs` holds `compiles`, `traces`, `compile_seconds`, `run_seconds`,
+`strategy`. `save_sweep` / `load_sweep` round-trip it (JSON lines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppo_async.config import Config, ConfigError, LagConfig, PPOConfig, replace_path
+from ppo_async.lag import make_schedule
+from ppo_async.learner import hyperparams_from_config
+from ppo_async.modes.simulated import ScheduleArrays, make_simulated_program, schedule_arrays
+from ppo_async.train import run_iterations
+
+STRATEGIES = ("auto", "vmap", "loop")
+
+# Fields that enter the program as traced values (see module docstring).
+TRACED_PPO_FIELDS = (
+    "learning_rate", "gamma", "gae_lambda", "clip_eps", "dual_clip", "vf_coef", "ent_coef",
+    "max_grad_norm", "rho_bar", "c_bar", "value_update_every",
+)
+TRACED_LAG_FIELDS = ("schedule", "K", "per_sampler", "low", "high", "p", "fraction", "slowdown", "replay_path", "max_lag", "seed")
+
+
+def expand_grid(config: Config, grid: Mapping[str, Sequence[Any]]) -> list[tuple[dict[str, Any], Config]]:
+    """The cartesian product of the grid as (grid point, validated Config) pairs, in grid order."""
+    if not isinstance(grid, Mapping):
+        raise ConfigError(f"grid must be a mapping of dotted field names to value lists, got {type(grid).__name__}")
+    keys = list(grid)
+    for key in keys:
+        values = grid[key]
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
+            raise ConfigError(f"grid[{key!r}] must be a non-empty list of values, got {values!r}")
+    points = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        point = dict(zip(keys, values))
+        cfg = config.replace(mode="simulated", run_dir=None, num_seeds=1)
+        for key, value in point.items():
+            cfg = replace_path(cfg, key, value)
+        points.append((point, cfg))
+    return points
+
+
+def static_key(config: Config) -> Config:
+    """The config with every traced field set to its default: equal keys share one compile."""
+    ppo_defaults = PPOConfig()
+    ppo = dataclasses.replace(
+        config.ppo,
+        **{f: getattr(ppo_defaults, f) for f in TRACED_PPO_FIELDS},
+        value_clip_eps=None if config.ppo.value_clip_eps is None else 0.2,
+    )
+    lag = LagConfig(num_samplers=config.lag.effective_num_samplers)
+    rollout = dataclasses.replace(config.rollout, reward_scale=1.0)
+    return dataclasses.replace(config, ppo=ppo, lag=lag, rollout=rollout, seed=0)
+
+
+def default_strategy() -> str:
+    """vmap on an accelerator (batched configs fill it); loop on CPU (one run saturates it)."""
+    return "loop" if jax.default_backend() == "cpu" else "vmap"
+
+
+def sweep(
+    config: Config,
+    grid: Mapping[str, Sequence[Any]],
+    seeds: int | Sequence[int] = 1,
+    strategy: str = "auto",
+    progress: bool = False,
+) -> "Any":
+    """Runs every grid point for every seed; returns a tidy pandas DataFrame (see module doc).
+
+    Args:
+      config: the base config (its mode is taken as "simulated").
+      grid: dotted field name -> list of values.
+      seeds: a number of seeds (config.seed, config.seed + 1, ...) or an explicit list.
+      strategy: "vmap", "loop" or "auto".
+      progress: a progress bar per compiled group / config.
+    """
+    import pandas as pd
+
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"strategy = {strategy!r} is invalid: must be one of {STRATEGIES}")
+    if strategy == "auto":
+        strategy = default_strategy()
+    seed_list = list(range(config.seed, config.seed + seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    if not seed_list or len(set(seed_list)) != len(seed_list):
+        raise ConfigError(f"seeds = {seeds!r} is invalid: need at least one seed, without repeats")
+    points = expand_grid(config, grid)
+
+    groups: dict[Config, list[int]] = {}
+    for index, (_, cfg) in enumerate(points):
+        groups.setdefault(static_key(cfg), []).append(index)
+
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in seed_list])
+    rows: list[dict[str, Any]] = []
+    traces = {"count": 0}
+    compile_seconds = 0.0
+    run_seconds = 0.0
+    for members in groups.values():
+        cfgs = [points[i][1] for i in members]
+        schedules = [make_schedule(c.lag, c.num_iterations) for c in cfgs]
+        ring_size = max(s.ring_size for s in schedules)
+        program = make_simulated_program(cfgs[0], ring_size)
+
+        def counted_iteration(state, hparams, sched, _program=program):
+            traces["count"] += 1  # runs once per trace, never at execution
+            return _program.iteration(state, hparams, sched)
+
+        hparams = [hyperparams_from_config(c) for c in cfgs]
+        scheds = [schedule_arrays(s) for s in schedules]
+        seed_step = jax.vmap(counted_iteration, in_axes=(0, None, None))
+        init = jax.jit(jax.vmap(program.init))
+        t0 = time.perf_counter()
+        if strategy == "vmap":
+            stack = lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
+            args = (stack(hparams), stack(scheds))
+            states = init(keys)
+            states = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(cfgs),) + x.shape), states)
+            step = jax.jit(jax.vmap(seed_step, in_axes=(0, 0, 0)), donate_argnums=(0,))
+            compiled = step.lower(states, *args).compile()
+            compile_seconds += time.perf_counter() - t0
+            labels = [
+                {"config_id": members[c], **_point_labels(points[members[c]][0]), "seed": s}
+                for c in range(len(cfgs))
+                for s in seed_list
+            ]
+            t1 = time.perf_counter()
+            _, group_rows = run_iterations(
+                cfgs[0], compiled, states, args, labels, progress=progress, on_iteration=None, leading_axes=2
+            )
+            run_seconds += time.perf_counter() - t1
+            rows.extend(group_rows)
+        else:
+            step = jax.jit(seed_step, donate_argnums=(0,))
+            compiled = step.lower(init(keys), hparams[0], scheds[0]).compile()
+            compile_seconds += time.perf_counter() - t0
+            for c, cfg in enumerate(cfgs):
+                labels = [{"config_id": members[c], **_point_labels(points[members[c]][0]), "seed": s} for s in seed_list]
+                t1 = time.perf_counter()
+                _, config_rows = run_iterations(
+                    cfg, compiled, init(keys), (hparams[c], scheds[c]), labels, progress=progress, on_iteration=None
+                )
+                run_seconds += time.perf_counter() - t1
+                rows.extend(config_rows)
+
+    df = pd.DataFrame(rows)
+    df = df.sort_values(["config_id", "seed", "iteration"], kind="stable").reset_index(drop=True)
+    df.attrs.update(
+        strategy=strategy,
+        compiles=len(groups),
+        traces=traces["count"],
+        compile_seconds=compile_seconds,
+        run_seconds=run_seconds,
+        grid={k: list(v) for k, v in grid.items()},
+        seeds=seed_list,
+    )
+    return df
+
+
+def _point_labels(point: Mapping[str, Any]) -> dict[str, Any]:
+    """Grid values as row columns (tuples become lists, None stays None)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in point.items()}
+
+
+def save_sweep(df: "Any", path: str | os.PathLike) -> None:
+    """Writes a sweep DataFrame as JSON lines plus a `.attrs.json` sidecar."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    df.to_json(path, orient="records", lines=True)
+    with open(path + ".attrs.json", "w", encoding="utf-8") as f:
+        json.dump(df.attrs, f, indent=2, default=str)
+
+
+def load_sweep(path: str | os.PathLike) -> "Any":
+    """Reads a DataFrame written by `save_sweep` (attrs restored when the sidecar exists)."""
+    import pandas as pd
+
+    path = os.fspath(path)
+    df = pd.read_json(path, orient="records", lines=True)
+    sidecar = path + ".attrs.json"
+    if os.path.isfile(sidecar):
+        with open(sidecar, encoding="utf-8") as f:
+            df.attrs.update(json.load(f))
+    return df
