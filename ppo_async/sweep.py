@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import os
 import time
 from typing import Any, Mapping, Sequence
@@ -58,6 +59,8 @@ def expand_grid(config: Config, grid: Mapping[str, Sequence[Any]]) -> list[tuple
     if not isinstance(grid, Mapping):
         raise ConfigError(f"grid must be a mapping of dotted field names to value lists, got {type(grid).__name__}")
     keys = list(grid)
+    if not keys:
+        raise ConfigError("grid is empty: give at least one dotted field name with a non-empty list of values")
     for key in keys:
         values = grid[key]
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
@@ -192,11 +195,28 @@ def _point_labels(point: Mapping[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in point.items()}
 
 
+def _json_value(value: Any) -> Any:
+    """A cell as exact JSON: floats keep every digit (repr), NaN/inf become null, lists recurse."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_json_value(v) for v in value]
+    return value
+
+
 def save_sweep(df: "Any", path: str | os.PathLike) -> None:
-    """Writes a sweep DataFrame as JSON lines plus a `.attrs.json` sidecar."""
+    """Writes a sweep DataFrame as JSON lines plus a `.attrs.json` sidecar.
+
+    Written with the standard `json` module, not `DataFrame.to_json`, whose fixed number of
+    decimal places (10 by default) would round small metrics such as a KL of 1e-6.
+    """
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    df.to_json(path, orient="records", lines=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for record in df.to_dict(orient="records"):
+            f.write(json.dumps({str(k): _json_value(v) for k, v in record.items()}, allow_nan=False) + "\n")
     with open(path + ".attrs.json", "w", encoding="utf-8") as f:
         json.dump(df.attrs, f, indent=2, default=str)
 
@@ -206,7 +226,7 @@ def load_sweep(path: str | os.PathLike) -> "Any":
     import pandas as pd
 
     path = os.fspath(path)
-    df = pd.read_json(path, orient="records", lines=True)
+    df = pd.read_json(path, orient="records", lines=True, precise_float=True)
     sidecar = path + ".attrs.json"
     if os.path.isfile(sidecar):
         with open(sidecar, encoding="utf-8") as f:
