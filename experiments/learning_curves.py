@@ -14,6 +14,10 @@ threshold. Writes OUT/curves.csv, OUT/return_vs_steps.png, OUT/summary.json.
 
 from __future__ import annotations
 
+from ppo_async.xla_flags import apply_cpu_workarounds
+
+apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
+
 import dataclasses
 import json
 import os

@@ -2,6 +2,10 @@
 
 import sys
 
-from ppo_async.cli import main
+from ppo_async.xla_flags import apply_cpu_workarounds
+
+apply_cpu_workarounds()  # entry point: before JAX starts its backend
+
+from ppo_async.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import math
+
 import chex
 import jax
 import jax.numpy as jnp
 
 LOG_STD_MIN = -20.0
 LOG_STD_MAX = 2.0
-_LOG_2PI = float(jnp.log(2.0 * jnp.pi))
+_LOG_2PI = math.log(2.0 * math.pi)
 # Upper bound on log(pi / mu) inside the policy objectives: exp(88) ~ 1.65e38 is still finite
 # in float32 (max ~3.4e38), so the objectives are unchanged wherever the ratio is representable.
 # Without it, r = exp(>= 88.73) = inf and the backward pass of a *clipped* branch computes

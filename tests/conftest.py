@@ -7,7 +7,12 @@ import os
 import subprocess
 import sys
 
-import pytest
+# Entry point of the test process: XLA flags before JAX starts (see ppo_async/xla_flags.py).
+from ppo_async.xla_flags import apply_cpu_workarounds  # noqa: E402  (imports no JAX backend)
+
+apply_cpu_workarounds()
+
+import pytest  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
