@@ -1,0 +1,117 @@
+"""Executes the notebooks in notebooks/ top to bottom (nbclient, a python3 kernel on this
+interpreter) at a small budget injected into each notebook's first "parameters" cell, and
+checks that no cell errored and that tables and figures were produced."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = os.path.join(REPO_ROOT, "notebooks")
+KERNEL_NAME = "ppo-async-test"
+TEST_BUDGET = 20_000  # env steps per seed (default budgets: 60k quickstart, 100k sweep)
+
+
+@pytest.fixture
+def kernel_name(tmp_path_factory, monkeypatch):
+    """A throwaway kernel spec that runs ipykernel on *this* interpreter (so the kernel sees
+    the same installed packages as the test, whatever the global `python3` spec points to)."""
+    root = tmp_path_factory.mktemp("jupyter")
+    spec_dir = root / "kernels" / KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "ppo_async test kernel",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("JUPYTER_PATH", str(root) + os.pathsep + os.environ.get("JUPYTER_PATH", ""))
+    return KERNEL_NAME
+
+
+def load_with_budget(name: str, budget: int):
+    nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    params = code_cells[0]
+    assert "parameters" in params.metadata.get("tags", []), f"{name}: first code cell must be tagged 'parameters'"
+    assert re.search(r"^TOTAL_ENV_STEPS\s*=", params.source, re.M), f"{name}: parameters cell must set TOTAL_ENV_STEPS"
+    params.source = re.sub(r"^TOTAL_ENV_STEPS\s*=.*$", f"TOTAL_ENV_STEPS = {budget:_}", params.source, flags=re.M)
+    return nb
+
+
+def execute(nb, kernel_name: str, cwd) -> float:
+    client = nbclient.NotebookClient(
+        nb, kernel_name=kernel_name, timeout=240, resources={"metadata": {"path": str(cwd)}}
+    )
+    t0 = time.perf_counter()
+    client.execute()  # raises CellExecutionError on the first failing cell
+    return time.perf_counter() - t0
+
+
+def outputs(nb):
+    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
+
+
+def text_of(nb) -> str:
+    parts = []
+    for out in outputs(nb):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("execute_result", "display_data"):
+            parts.append(out.data.get("text/plain", ""))
+    return "\n".join(parts)
+
+
+def count_mime(nb, mime: str) -> int:
+    return sum(1 for out in outputs(nb) if out.output_type in ("execute_result", "display_data") and mime in out.data)
+
+
+def assert_clean(nb, name: str) -> None:
+    errors = [out for out in outputs(nb) if out.output_type == "error"]
+    assert not errors, f"{name}: {errors[0].ename}: {errors[0].evalue}"
+    stderr = "".join(out.text for out in outputs(nb) if out.output_type == "stream" and out.name == "stderr")
+    assert "Traceback" not in stderr, f"{name} wrote a traceback to stderr:\n{stderr}"
+
+
+def test_committed_without_outputs():
+    for name in sorted(os.listdir(NOTEBOOKS)):
+        if name.endswith(".ipynb"):
+            nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+            for cell in nb.cells:
+                if cell.cell_type == "code":
+                    assert not cell.outputs and cell.execution_count is None, f"{name}: commit it with outputs cleared"
+
+
+def test_quickstart(kernel_name, tmp_path):
+    nb = load_with_budget("01_quickstart.ipynb", TEST_BUDGET)
+    seconds = execute(nb, kernel_name, tmp_path)
+    assert_clean(nb, "01_quickstart")
+    text = text_of(nb)
+    rows = re.search(r"^(\d+) rows, (\d+) seeds", text, re.M)
+    assert rows and int(rows.group(1)) > 0 and int(rows.group(2)) == 2, text
+    assert "final return" in text and "mean +- std over seeds" in text
+    assert count_mime(nb, "text/html") >= 2  # DataFrame head and the tail summary
+    assert count_mime(nb, "image/png") >= 2  # learning curve and KL over time
+    print(f"01_quickstart at {TEST_BUDGET} env steps: {seconds:.1f} s")
+
+
+def test_lag_sweep(kernel_name, tmp_path):
+    nb = load_with_budget("02_lag_sweep.ipynb", TEST_BUDGET)
+    seconds = execute(nb, kernel_name, tmp_path)
+    assert_clean(nb, "02_lag_sweep")
+    text = text_of(nb)
+    assert re.search(r"sweep: [1-9]\d* rows", text), text
+    assert "'compiles': 1" in text, text  # the whole lag.K x dual_clip grid shares one compile
+    assert count_mime(nb, "text/html") >= 2  # head and the groupby table
+    assert count_mime(nb, "image/png") >= 4  # return/KL vs K, learning curves, kl_per_lag, lag histogram
+    print(f"02_lag_sweep at {TEST_BUDGET} env steps: {seconds:.1f} s")
