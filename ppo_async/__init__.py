@@ -17,7 +17,8 @@ from ppo_async.metrics import NonFiniteError, read_jsonl
 from ppo_async.networks import ActorCritic, make_actor_critic
 from ppo_async.lag import LagSchedule, make_schedule, read_schedule, write_schedule
 from ppo_async.sweep import load_sweep, save_sweep, sweep
-from ppo_async.train import TrainResult, train
+from ppo_async.policy import Policy, evaluate, load
+from ppo_async.train import TrainResult, resume, train
 
 __version__ = "0.1.0"
 
@@ -30,11 +31,14 @@ __all__ = [
     "LagSchedule",
     "NetworkConfig",
     "NonFiniteError",
+    "Policy",
     "PPOConfig",
     "RolloutConfig",
     "TrainResult",
     "config_from_dict",
     "config_to_dict",
+    "evaluate",
+    "load",
     "load_sweep",
     "losses",
     "make_actor_critic",
@@ -43,6 +47,7 @@ __all__ = [
     "read_jsonl",
     "read_schedule",
     "replace_path",
+    "resume",
     "save_sweep",
     "sweep",
     "train",

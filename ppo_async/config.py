@@ -306,7 +306,11 @@ class Config:
     total_env_steps: int = 300_000
     """Environment steps per seed; rounded down to whole iterations of num_envs * num_steps."""
     run_dir: str | None = None
-    """Directory for config.json and metrics.jsonl; None writes nothing."""
+    """Directory for config.json, metrics.jsonl, checkpoints/, tb/ and plots; None writes nothing."""
+    checkpoint_every: int = 0
+    """Save a checkpoint into RUN_DIR/checkpoints every this many learner iterations (0 = only the final one)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk (the oldest are deleted)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -321,6 +325,8 @@ class Config:
         _check_int("seed", self.seed, 0)
         _check_int("num_seeds", self.num_seeds, 1)
         _check_int("total_env_steps", self.total_env_steps, 1)
+        _check_int("checkpoint_every", self.checkpoint_every, 0)
+        _check_int("keep_checkpoints", self.keep_checkpoints, 1)
         for name, cls in (("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig)):
             if not isinstance(getattr(self, name), cls):
                 _fail(name, getattr(self, name), f"must be a {cls.__name__}")

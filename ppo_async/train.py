@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -15,9 +16,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from ppo_async.config import Config, config_to_dict
+from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict
 from ppo_async.learner import hyperparams_from_config
-from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, split_seeds
+from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, read_jsonl, split_seeds
 
 LOSS_FIELDS = ("policy_loss", "value_loss", "entropy", "approx_kl")
 
@@ -69,58 +70,243 @@ def write_config(run_dir: str, config: Config) -> None:
         json.dump(config_to_dict(config), f, indent=2)
 
 
-def train(
-    config: Config,
-    *,
-    progress: bool = False,
-    on_iteration: Callable[[list[dict[str, Any]]], None] | None = None,
-) -> TrainResult:
-    """Trains `config.num_seeds` seeds of PPO in `config.mode` and returns a `TrainResult`.
+def make_program(config: Config) -> tuple[Callable, Callable, tuple, Any]:
+    """The mode's pure program, vmapped over seeds: `(init, step, args, schedule)`.
 
-    Args:
-      config: a validated `Config`.
-      progress: show a console progress bar.
-      on_iteration: called with the rows of every learner iteration (one per seed).
+    `init(keys) -> states` and `step(states, *args) -> (states, metrics)` are vmapped (not yet
+    jitted); `schedule` is the simulated mode's `LagSchedule` (None in sync mode).
     """
-    t0 = time.perf_counter()
-    keys = seed_keys(config)
     hparams = hyperparams_from_config(config)
     if config.mode == "sync":
         from ppo_async.modes.sync import make_sync_program
 
         program = make_sync_program(config)
-        states = jax.jit(jax.vmap(program.init))(keys)
-        step = jax.jit(jax.vmap(program.iteration, in_axes=(0, None)), donate_argnums=(0,))
-        args: tuple = (hparams,)
-    elif config.mode == "simulated":
-        from ppo_async.lag import schedule_record, write_schedule
+        return jax.vmap(program.init), jax.vmap(program.iteration, in_axes=(0, None)), (hparams,), None
+    if config.mode == "simulated":
         from ppo_async.modes.simulated import schedule_arrays, simulated_setup
 
         program, schedule = simulated_setup(config)
-        states = jax.jit(jax.vmap(program.init))(keys)
-        step = jax.jit(jax.vmap(program.iteration, in_axes=(0, None, None)), donate_argnums=(0,))
-        args = (hparams, schedule_arrays(schedule))
-        if config.run_dir:
-            write_schedule(
-                os.path.join(config.run_dir, "lag_schedule.jsonl"),
-                (
-                    {"iteration": i + 1, "sampler_id": int(s), "lag": int(k)}
-                    for i, (s, k) in enumerate(zip(schedule.sampler_id, schedule.lag))
-                ),
-            )
-    else:  # Config validates the mode
-        raise ValueError(f"mode {config.mode!r} is not available")
+        step = jax.vmap(program.iteration, in_axes=(0, None, None))
+        return jax.vmap(program.init), step, (hparams, schedule_arrays(schedule)), schedule
+    raise ValueError(f"mode {config.mode!r} is not available")  # Config validates the mode
+
+
+# Fields that may differ between a run and its resumption (they do not change the maths).
+_RESUME_FREE_FIELDS = ("run_dir", "checkpoint_every", "keep_checkpoints")
+
+
+def checkpoint_dir(run_dir: str) -> str:
+    """RUN_DIR/checkpoints."""
+    return os.path.join(run_dir, "checkpoints")
+
+
+def train(
+    config: Config,
+    *,
+    progress: bool = False,
+    on_iteration: Callable[[list[dict[str, Any]]], None] | None = None,
+    resume: bool = False,
+) -> TrainResult:
+    """Trains `config.num_seeds` seeds of PPO in `config.mode` and returns a `TrainResult`.
+
+    With `config.run_dir` set it writes RUN_DIR/config.json, metrics.jsonl, checkpoints/
+    (every `config.checkpoint_every` iterations and at the end), TensorBoard events in tb/ and,
+    once the run is done, the PNG plots of `plots.plot_run`.
+
+    Args:
+      config: a validated `Config`.
+      progress: show a console progress bar.
+      on_iteration: called with the rows of every learner iteration (one per seed).
+      resume: continue the run in `config.run_dir` from its latest complete checkpoint
+        (the config must match the checkpoint's, up to run_dir / checkpoint_every /
+        keep_checkpoints). metrics.jsonl is cut back to the checkpoint's iteration and the
+        continued run computes bit for bit what the uninterrupted run would have.
+        `TrainResult.metrics` then holds the earlier rows too.
+    """
+    from ppo_async.checkpoint import Checkpointer, CheckpointError
+
+    t0 = time.perf_counter()
+    keys = seed_keys(config)
+    init, step_fn, args, schedule = make_program(config)
+    states = jax.jit(init)(keys)
+    labels = [{"seed": config.seed + i} for i in range(config.num_seeds)]
+    run_dir = config.run_dir
+    first_iteration = 1
+    prior_rows: list[dict[str, Any]] = []
+    counters = None
+    wall_offset = 0.0
+    if resume:
+        if not run_dir:
+            raise ConfigError("resume=True needs config.run_dir (the run to continue)")
+        ckpt_dir = checkpoint_dir(run_dir)
+        if not os.path.isdir(ckpt_dir):
+            raise CheckpointError(f"no checkpoints in {run_dir!r} (no {ckpt_dir})")
+        with Checkpointer(ckpt_dir, max_to_keep=config.keep_checkpoints) as ckpt:
+            states, meta = ckpt.restore(states)
+        _check_resume_config(config, meta)
+        iteration = int(meta["iteration"])
+        first_iteration = iteration + 1
+        counters = (np.asarray(meta["samples_consumed"], np.int64), np.asarray(meta["samples_dropped"], np.int64))
+        wall_offset = float(meta["wall_time"])
+        prior_rows = truncate_metrics(run_dir, iteration, len(labels))
+    elif run_dir:
+        # A fresh run starts over: metrics.jsonl is rewritten, so old checkpoints/events go too.
+        for sub in (checkpoint_dir(run_dir), os.path.join(run_dir, "tb")):
+            if os.path.isdir(sub):
+                shutil.rmtree(sub)
+    if schedule is not None and run_dir:
+        from ppo_async.lag import write_schedule
+
+        write_schedule(
+            os.path.join(run_dir, "lag_schedule.jsonl"),
+            (
+                {"iteration": i + 1, "sampler_id": int(s), "lag": int(k)}
+                for i, (s, k) in enumerate(zip(schedule.sampler_id, schedule.lag))
+            ),
+        )
+    step = jax.jit(step_fn, donate_argnums=(0,))
     compiled = step.lower(states, *args).compile()
     compile_seconds = time.perf_counter() - t0
-    labels = [{"seed": config.seed + i} for i in range(config.num_seeds)]
-    states, rows = run_iterations(config, compiled, states, args, labels, progress=progress, on_iteration=on_iteration)
+
+    checkpointer = None
+    tb_writer = None
+    try:
+        if run_dir:
+            checkpointer = Checkpointer(checkpoint_dir(run_dir), max_to_keep=config.keep_checkpoints)
+            tb_writer = make_tb_writer(run_dir, config, first_iteration)
+        states, rows = run_iterations(
+            config,
+            compiled,
+            states,
+            args,
+            labels,
+            progress=progress,
+            on_iteration=on_iteration,
+            first_iteration=first_iteration,
+            checkpointer=checkpointer,
+            tb_writer=tb_writer,
+            counters=counters,
+            wall_offset=wall_offset,
+        )
+    finally:
+        if tb_writer is not None:
+            tb_writer.close()
+        if checkpointer is not None:
+            checkpointer.close()
+    if run_dir:
+        from ppo_async.plots import plot_run
+
+        plot_run(run_dir)
+    rows = prior_rows + rows
     return TrainResult(
         config=config,
         train_state=states.train_state,
         metrics=rows,
         compile_seconds=compile_seconds,
         run_seconds=rows[-1]["wall_time"] if rows else 0.0,
+        extras={"first_iteration": first_iteration} if resume else {},
     )
+
+
+def resume(run_dir: str, *, progress: bool = False, on_iteration: Callable[[list[dict[str, Any]]], None] | None = None) -> TrainResult:
+    """Continues the run in `run_dir` (its config.json) from its latest complete checkpoint."""
+    config = read_run_config(run_dir)
+    return train(config, progress=progress, on_iteration=on_iteration, resume=True)
+
+
+def read_run_config(run_dir: str) -> Config:
+    """The Config of a run directory (RUN_DIR/config.json), with run_dir set to `run_dir`."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"run directory {run_dir!r} does not exist")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{run_dir!r} is not a run directory: no config.json in it")
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: cannot parse: {exc}") from None
+    return config_from_dict(data).replace(run_dir=os.fspath(run_dir))
+
+
+def _check_resume_config(config: Config, meta: dict[str, Any]) -> None:
+    saved = dict(meta.get("config", {}))
+    now = config_to_dict(config)
+    for name in _RESUME_FREE_FIELDS:
+        saved.pop(name, None)
+        now.pop(name, None)
+    if saved != now:
+        diffs = _dict_diff(saved, now)
+        raise ConfigError(
+            "cannot resume: the config differs from the checkpoint's in " + ", ".join(diffs[:8])
+            + (" ..." if len(diffs) > 8 else "")
+            + " (a resumed run must have the same config to continue it exactly)"
+        )
+
+
+def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out.extend(_dict_diff(x, y, prefix + key + "."))
+        elif x != y:
+            out.append(f"{prefix}{key} ({x!r} in the checkpoint, {y!r} now)")
+    return out
+
+
+def truncate_metrics(run_dir: str, iteration: int, num_rows: int) -> list[dict[str, Any]]:
+    """Cuts RUN_DIR/metrics.jsonl back to the rows of iterations <= `iteration` (atomically).
+
+    Rows after a checkpoint are recomputed by the resumed run, so they are dropped here (a torn
+    last line of a killed run goes too). Returns the rows kept.
+    """
+    from ppo_async.checkpoint import CheckpointError
+
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"cannot resume {run_dir!r}: no metrics.jsonl")
+    kept = [row for row in read_jsonl(path) if row.get("iteration", 0) <= iteration]
+    if len(kept) != iteration * num_rows:
+        raise CheckpointError(
+            f"cannot resume {run_dir!r}: metrics.jsonl has {len(kept)} rows up to iteration {iteration}, "
+            f"expected {iteration * num_rows} ({num_rows} per iteration)"
+        )
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in kept:
+            f.write(json.dumps(row, allow_nan=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return kept
+
+
+def make_tb_writer(run_dir: str, config: Config, first_iteration: int = 1) -> Any:
+    """A tensorboardX SummaryWriter on RUN_DIR/tb (global step = env steps per seed).
+
+    When resuming, events at or after the first recomputed iteration are purged by TensorBoard.
+    """
+    from tensorboardX import SummaryWriter
+
+    purge = (first_iteration - 1) * config.batch_size + 1 if first_iteration > 1 else None
+    return SummaryWriter(logdir=os.path.join(run_dir, "tb"), purge_step=purge, flush_secs=10)
+
+
+def write_tb_rows(writer: Any, rows: list[dict[str, Any]], label_keys: set[str]) -> None:
+    """Every scalar metric of one iteration's rows; tags are `name`, or `seed_S/name` with several rows."""
+    many = len(rows) > 1
+    for row in rows:
+        prefix = ""
+        if many:
+            prefix = "_".join(f"{k}_{row[k]}" if k != "seed" else f"seed_{row[k]}" for k in sorted(label_keys) if k in row) + "/"
+        step = int(row["env_steps"])
+        for name, value in row.items():
+            if name in label_keys or name in ("iteration", "env_steps"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue  # None (NaN), lists (histograms)
+            writer.add_scalar(prefix + name, value, global_step=step)
 
 
 def seed_keys(config: Config) -> jax.Array:
@@ -140,6 +326,10 @@ def run_iterations(
     first_iteration: int = 1,
     write: bool = True,
     leading_axes: int = 1,
+    checkpointer: Any = None,
+    tb_writer: Any = None,
+    counters: tuple[np.ndarray, np.ndarray] | None = None,
+    wall_offset: float = 0.0,
 ) -> tuple[Any, list[dict[str, Any]]]:
     """The host loop shared by the jitted modes: step, time, check, account, log.
 
@@ -148,6 +338,12 @@ def run_iterations(
     Per row it keeps the sample accounting `produced = consumed + dropped + resident`
     (resident is 0 here: a jitted mode consumes every batch it produces in the same step) and
     raises if it ever fails.
+
+    With a `checkpointer` (`ppo_async.checkpoint.Checkpointer`) the whole state pytree is saved
+    every `config.checkpoint_every` iterations and after the last one, after that iteration's
+    rows are written, with metadata (config, iteration, the accounting counters per row, wall
+    time). A resumed loop passes `first_iteration`, `counters` (consumed, dropped per row) and
+    `wall_offset` from that metadata. `tb_writer` (tensorboardX) gets every scalar per row.
     """
     num_rows = len(labels)
     writer = None
@@ -158,6 +354,10 @@ def run_iterations(
     rows_all: list[dict[str, Any]] = []
     consumed = np.zeros(num_rows, np.int64)
     dropped = np.zeros(num_rows, np.int64)
+    if counters is not None:
+        consumed[:] = counters[0]
+        dropped[:] = counters[1]
+    label_keys = {k for label in labels for k in label}
     start = time.perf_counter()
     try:
         for iteration in range(first_iteration, config.num_iterations + 1):
@@ -185,7 +385,7 @@ def run_iterations(
                 row.update(
                     iteration=iteration,
                     env_steps=produced,
-                    wall_time=now - start,
+                    wall_time=now - start + wall_offset,
                     steps_per_second=config.batch_size * num_rows / (now - tick),
                     samples_produced=produced,
                     samples_consumed=int(consumed[i]),
@@ -196,6 +396,25 @@ def run_iterations(
             if writer is not None:
                 for row in rows:
                     writer.write(row)
+            if tb_writer is not None:
+                write_tb_rows(tb_writer, rows, label_keys)
+            if checkpointer is not None and (
+                iteration == config.num_iterations
+                or (config.checkpoint_every > 0 and iteration % config.checkpoint_every == 0)
+            ):
+                checkpointer.save(
+                    iteration,
+                    states,
+                    {
+                        "config": config_to_dict(config),
+                        "iteration": iteration,
+                        "env_steps": iteration * config.batch_size,
+                        "labels": labels,
+                        "samples_consumed": consumed.tolist(),
+                        "samples_dropped": dropped.tolist(),
+                        "wall_time": now - start + wall_offset,
+                    },
+                )
             rows_all.extend(rows)
             bar.update(iteration * config.batch_size, rows[0])
             if on_iteration is not None:

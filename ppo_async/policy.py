@@ -1,0 +1,138 @@
+"""A trained policy read back from a run directory, and deterministic evaluation.
+
+`load(run_dir)` restores the latest checkpoint of RUN_DIR/checkpoints into the structure of
+a freshly initialised run (built abstractly: nothing is trained or compiled) and returns a
+`Policy` for one seed. `evaluate(policy, num_episodes)` plays whole episodes, vmapped and
+jitted, acting on raw observations normalised with the checkpoint's statistics.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppo_async import envs
+from ppo_async.config import Config, ConfigError
+from ppo_async.envs import Env
+from ppo_async.networks import ActorCritic, make_actor_critic, mode_action, sample_action
+from ppo_async.types import RunningMeanStd
+
+__all__ = ["Policy", "load", "evaluate"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One seed's trained actor-critic.
+
+    Attributes:
+      config: the run's config.
+      env: its `Env`.
+      network: its `ActorCritic`.
+      params: network params of seed `seed_index` (no seed axis).
+      obs_stats: that seed's observation normalisation statistics.
+      iteration: learner iteration of the checkpoint.
+      seed_index: which seed of the run (its seed is `config.seed + seed_index`).
+    """
+
+    config: Config
+    env: Env
+    network: ActorCritic
+    params: Any
+    obs_stats: RunningMeanStd
+    iteration: int
+    seed_index: int = 0
+    _act: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_act", jax.jit(self._act_impl))
+
+    def _act_impl(self, params: Any, obs_stats: RunningMeanStd, obs: chex.Array, key: chex.PRNGKey | None) -> chex.Array:
+        rc = self.config.rollout
+        dist, _ = self.network.apply(params, envs.normalize_obs(obs_stats, jnp.asarray(obs, jnp.float32), rc.obs_clip, rc.normalize_obs))
+        return mode_action(dist) if key is None else sample_action(key, dist)
+
+    def act(self, obs: chex.Array, key: chex.PRNGKey | None = None) -> chex.Array:
+        """Actions for raw observations `[..., O...]`: sampled with `key`, else the mean / argmax.
+
+        Continuous actions are unclipped; `envs.env_action` clips them to the bounds.
+        """
+        return self._act(self.params, self.obs_stats, obs, key)
+
+
+def load(run_dir: str | os.PathLike, seed_index: int = 0, step: int | None = None) -> Policy:
+    """The policy of seed `seed_index` in the latest (or `step`) checkpoint of `run_dir`.
+
+    Raises ConfigError when `run_dir` is not a run directory or `seed_index` is out of range,
+    `checkpoint.CheckpointError` when there is no (such) checkpoint.
+    """
+    from ppo_async.checkpoint import Checkpointer, CheckpointError
+    from ppo_async.train import checkpoint_dir, make_program, read_run_config, seed_keys
+
+    run_dir = os.fspath(run_dir)
+    config = read_run_config(run_dir)
+    if not isinstance(seed_index, int) or not 0 <= seed_index < config.num_seeds:
+        raise ConfigError(f"seed_index = {seed_index!r} is invalid: the run has {config.num_seeds} seed(s)")
+    ckpt_dir = checkpoint_dir(run_dir)
+    if not os.path.isdir(ckpt_dir):
+        raise CheckpointError(f"no checkpoints in {run_dir!r} (no {ckpt_dir})")
+    init, _, _, _ = make_program(config)
+    state_like = jax.eval_shape(init, seed_keys(config))
+    with Checkpointer(ckpt_dir, max_to_keep=config.keep_checkpoints) as ckpt:
+        state, meta = ckpt.restore(state_like, step=step)
+    train_state = jax.tree.map(lambda x: x[seed_index], state.train_state)
+    env = envs.make_env(config.env)
+    return Policy(
+        config=config,
+        env=env,
+        network=make_actor_critic(env, config.network),
+        params=train_state.params,
+        obs_stats=train_state.obs_stats,
+        iteration=int(meta["iteration"]),
+        seed_index=seed_index,
+    )
+
+
+def evaluate(policy: Policy, num_episodes: int = 20, seed: int = 0, deterministic: bool = True, max_steps: int | None = None) -> dict[str, np.ndarray]:
+    """Plays `num_episodes` episodes (vmapped, one jitted program) from independent resets.
+
+    Each episode runs until its first `done` (termination or the env's time limit), at most
+    `max_steps` steps (default: the env's `max_steps_in_episode`). Returns per-episode
+    `{"returns": [E] float, "lengths": [E] int}`.
+    """
+    if not isinstance(num_episodes, int) or num_episodes < 1:
+        raise ConfigError(f"num_episodes = {num_episodes!r} is invalid: must be an integer >= 1")
+    env = policy.env
+    if max_steps is None:
+        max_steps = int(getattr(env.params, "max_steps_in_episode", 1000))
+    clip = policy.config.rollout.clip_actions
+
+    def episode(key: chex.PRNGKey) -> tuple[chex.Array, chex.Array]:
+        reset_key, key = jax.random.split(key)
+        obs, state = env.env.reset(reset_key, env.params)
+
+        def body(carry: Any, _: Any) -> tuple[Any, None]:
+            obs, state, ret, length, alive, key = carry
+            key, act_key, step_key = jax.random.split(key, 3)
+            action = policy._act_impl(policy.params, policy.obs_stats, obs, None if deterministic else act_key)
+            obs, state, reward, terminated, truncated, _ = env.env.step(
+                step_key, state, envs.env_action(env, action, clip), env.params
+            )
+            ret = ret + jnp.where(alive, jnp.asarray(reward, jnp.float32).reshape(()), 0.0)
+            length = length + alive.astype(jnp.int32)
+            done = jnp.logical_or(jnp.asarray(terminated, bool), jnp.asarray(truncated, bool)).reshape(())
+            alive = alive & ~done
+            return (obs, state, ret, length, alive, key), None
+
+        init = (obs, state, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32), jnp.ones((), bool), key)
+        (_, _, ret, length, _, _), _ = jax.lax.scan(body, init, None, length=max_steps)
+        return ret, length
+
+    keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
+    returns, lengths = jax.jit(jax.vmap(episode))(keys)
+    return {"returns": np.asarray(returns), "lengths": np.asarray(lengths)}

@@ -1,0 +1,141 @@
+"""Checkpoints and resumption: a resumed run computes bit for bit what an uninterrupted one does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from ppo_async import Config, ConfigError, LagConfig, PPOConfig, RolloutConfig, read_jsonl, resume, train
+from ppo_async.checkpoint import Checkpointer, CheckpointError
+from ppo_async.train import LOSS_FIELDS
+
+from conftest import REPO_ROOT
+
+EXACT = LOSS_FIELDS + ("episode_return", "learner_version", "sgd_steps", "env_steps", "learning_rate",
+                       "grad_norm", "clip_fraction", "samples_consumed", "samples_dropped")
+
+
+def tiny(run_dir, iterations=6, **kw) -> Config:
+    return Config(env="CartPole-v1", total_env_steps=iterations * 64, run_dir=None if run_dir is None else str(run_dir),
+                  rollout=RolloutConfig(num_envs=4, num_steps=16), ppo=PPOConfig(num_epochs=1, num_minibatches=2), **kw)
+
+
+def assert_same_rows(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for k in EXACT:
+            if k in x:
+                assert x[k] == y[k], (x["iteration"], k, x[k], y[k])
+
+
+def assert_same_tree(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+class Stop(Exception):
+    pass
+
+
+def test_config_fields_are_validated():
+    with pytest.raises(ConfigError, match="checkpoint_every"):
+        tiny(None, checkpoint_every=-1)
+    with pytest.raises(ConfigError, match="keep_checkpoints"):
+        tiny(None, keep_checkpoints=0)
+
+
+def test_simulated_resume_is_exact_and_checkpoints_hold_the_run(tmp_path):
+    """Two seeds, emulated lag 2: interrupted after iteration 5 (checkpoint at 4), resumed."""
+    lag = LagConfig(schedule="fixed", K=2, num_samplers=2)
+    ref = train(tiny(tmp_path / "a", mode="simulated", num_seeds=2, lag=lag, checkpoint_every=2))
+    with Checkpointer(tmp_path / "a" / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [2, 4, 6]
+    assert os.path.isfile(tmp_path / "a" / "learning_curve.png")
+
+    def stop_at_5(rows):
+        if rows[0]["iteration"] == 5:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(tiny(tmp_path / "b", mode="simulated", num_seeds=2, lag=lag, checkpoint_every=2), on_iteration=stop_at_5)
+    assert len(read_jsonl(tmp_path / "b" / "metrics.jsonl")) == 10  # iterations 1..5, 2 seeds
+    with Checkpointer(tmp_path / "b" / "checkpoints") as ckpt:
+        assert ckpt.latest_step() == 4
+        _, meta = ckpt.restore(ckpt_state_like(tmp_path / "b"))
+    assert meta["iteration"] == 4 and meta["samples_consumed"] == [4 * 64, 4 * 64]
+    assert meta["config"]["lag"]["K"] == 2
+
+    seen = []
+    result = resume(str(tmp_path / "b"), on_iteration=lambda rows: seen.append(rows[0]["iteration"]))
+    assert seen == [5, 6]
+    rows = read_jsonl(tmp_path / "b" / "metrics.jsonl")
+    assert [(r["iteration"], r["seed"]) for r in rows] == [(i, s) for i in range(1, 7) for s in (0, 1)]
+    assert_same_rows(read_jsonl(tmp_path / "a" / "metrics.jsonl"), rows)
+    assert_same_rows(ref.metrics, result.metrics)
+    assert_same_tree(ref.train_state, result.train_state)
+
+
+def ckpt_state_like(run_dir):
+    from ppo_async.train import make_program, read_run_config, seed_keys
+
+    config = read_run_config(str(run_dir))
+    init, _, _, _ = make_program(config)
+    return jax.eval_shape(init, seed_keys(config))
+
+
+def test_resume_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        resume(str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="run_dir"):
+        train(tiny(None), resume=True)
+    (tmp_path / "r").mkdir()
+    tiny(tmp_path / "r")  # valid config
+    from ppo_async.train import write_config
+
+    write_config(str(tmp_path / "r"), tiny(tmp_path / "r"))
+    with pytest.raises(CheckpointError, match="no checkpoints"):
+        resume(str(tmp_path / "r"))
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
+    iterations = 80
+    run_dir = tmp_path / "killed"
+    args = [sys.executable, "-m", "ppo_async", "train", "--env", "CartPole-v1", "--rollout.num-envs", "4",
+            "--rollout.num-steps", "16", "--ppo.num-minibatches", "2", "--ppo.num-epochs", "1",
+            "--total-env-steps", str(iterations * 64), "--checkpoint-every", "1", "--run-dir", str(run_dir), "--quiet"]
+    proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ckpt_dir = run_dir / "checkpoints"
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if ckpt_dir.is_dir() and len([d for d in os.listdir(ckpt_dir) if d.isdigit()]) >= 2:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run finished (or died) before it could be killed: " + proc.stderr.read().decode()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    killed_rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(killed_rows) < iterations
+
+    done = subprocess.run([sys.executable, "-m", "ppo_async", "train", "--resume", str(run_dir), "--quiet"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == list(range(1, iterations + 1))
+    with Checkpointer(run_dir / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [iterations - 2, iterations - 1, iterations]
+
+    reference = train(tiny(tmp_path / "ref", iterations=iterations))  # checkpoint_every does not change the maths
+    assert_same_rows(reference.metrics, rows)
