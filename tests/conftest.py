@@ -31,6 +31,20 @@ def run_module(args: list[str], cwd: str | None = None, env_extra: dict | None =
     )
 
 
+@pytest.fixture(scope="module")
+def pendulum():
+    from ppo_async import envs
+
+    return envs.make_env("Pendulum-v1")
+
+
+@pytest.fixture(scope="module")
+def cartpole():
+    from ppo_async import envs
+
+    return envs.make_env("CartPole-v1")
+
+
 @pytest.fixture
 def run_cli():
     return run_module

@@ -14,16 +14,6 @@ from ppo_async.config import ConfigError
 from ppo_async.types import RunningMeanStd
 
 
-@pytest.fixture(scope="module")
-def pendulum():
-    return envs.make_env("Pendulum-v1")
-
-
-@pytest.fixture(scope="module")
-def cartpole():
-    return envs.make_env("CartPole-v1")
-
-
 def scan_steps(env, num_envs: int, num_steps: int, seed: int, action_fn):
     """Resets `num_envs` envs and steps them `num_steps` times with `action_fn(key, N)`; returns
     the per-step `EnvStep`s and episode accumulators (after each step) stacked to `[T, N, ...]`."""

@@ -18,16 +18,6 @@ from ppo_async.types import CategoricalDist, GaussianDist
 SMALL = NetworkConfig(actor_hidden=(8, 8), critic_hidden=(8, 8))
 
 
-@pytest.fixture(scope="module")
-def pendulum():
-    return envs.make_env("Pendulum-v1")
-
-
-@pytest.fixture(scope="module")
-def cartpole():
-    return envs.make_env("CartPole-v1")
-
-
 def count_params(params) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
 
