@@ -1,0 +1,202 @@
+"""Device-side circular buffer of trajectory chunks: a pure core and a thin thread-safe shell.
+
+Pure core (jittable, optax style): `buffer_init`, `buffer_add`, `buffer_take` on a
+`BufferState` whose `data` leaves carry a leading slot axis `[C, ...]` (e.g. a `Trajectory`
+with transitions `[C, T, N, ...]`). Slots are consumed FIFO (oldest first). When the buffer
+is full, `buffer_add` overwrites the oldest chunk and counts it in `overwritten`, so
+`added == taken + overwritten + size` holds after every operation (nothing is dropped
+silently).
+
+Shell (side effects: threads, locks, clocks): `RingBuffer` is the single owner of the state
+and updates it with jitted, state-donating functions under a `threading.Condition`. Every
+blocking call takes a timeout; `close()` wakes every waiter.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+FULL_POLICIES = ("overwrite_oldest", "block")
+
+
+class BufferState(NamedTuple):
+    """Ring of `C` chunk slots plus int32 scalar counters."""
+
+    data: Any  # pytree, leaves [C, ...]
+    write_index: chex.Array  # [] int32: next slot written
+    size: chex.Array  # [] int32: slots filled, 0 <= size <= C
+    added: chex.Array  # [] int32: chunks ever added
+    overwritten: chex.Array  # [] int32: chunks overwritten before being taken
+    taken: chex.Array  # [] int32: chunks ever taken
+
+
+def capacity_of(state: BufferState) -> int:
+    """Number of slots `C` (static: the leading axis of the data leaves)."""
+    return int(jax.tree_util.tree_leaves(state.data)[0].shape[0])
+
+
+def buffer_init(example_chunk: Any, capacity_chunks: int) -> BufferState:
+    """An empty buffer of `capacity_chunks` slots shaped like `example_chunk` (zeros)."""
+    if int(capacity_chunks) < 1:
+        raise ValueError(f"capacity_chunks = {capacity_chunks} is invalid: must be >= 1")
+    if not jax.tree_util.tree_leaves(example_chunk):
+        raise ValueError("example_chunk has no array leaves")
+    data = jax.tree_util.tree_map(
+        lambda x: jnp.zeros((int(capacity_chunks),) + jnp.shape(x), jnp.asarray(x).dtype), example_chunk
+    )
+    # distinct arrays per counter: a shared buffer could not be donated to the jitted add
+    zeros = [jnp.zeros((), jnp.int32) for _ in range(5)]
+    return BufferState(data, *zeros)
+
+
+def buffer_add(state: BufferState, chunk: Any) -> BufferState:
+    """Write `chunk` at `write_index`; when full, overwrite the oldest chunk and count it."""
+    capacity = capacity_of(state)
+    full = state.size >= capacity
+    data = jax.tree_util.tree_map(
+        lambda d, x: lax.dynamic_update_index_in_dim(d, jnp.asarray(x, d.dtype), state.write_index, 0),
+        state.data,
+        chunk,
+    )
+    return BufferState(
+        data=data,
+        write_index=(state.write_index + 1) % capacity,
+        size=jnp.minimum(state.size + 1, capacity).astype(jnp.int32),
+        added=state.added + 1,
+        overwritten=state.overwritten + full.astype(jnp.int32),
+        taken=state.taken,
+    )
+
+
+def buffer_take(state: BufferState) -> tuple[BufferState, Any]:
+    """Pop the oldest chunk (FIFO). The caller must check `size > 0`.
+
+    On an empty buffer the state is unchanged and the returned chunk is meaningless.
+    """
+    capacity = capacity_of(state)
+    read_index = (state.write_index - state.size) % capacity
+    chunk = jax.tree_util.tree_map(lambda d: lax.dynamic_index_in_dim(d, read_index, 0, keepdims=False), state.data)
+    nonempty = (state.size > 0).astype(jnp.int32)
+    return state._replace(size=state.size - nonempty, taken=state.taken + nonempty), chunk
+
+
+class RingBuffer:
+    """Thread-safe owner of a `BufferState` (side effects: locks, clocks).
+
+    Args:
+      example_chunk: pytree shaped like one chunk (e.g. a `Trajectory` `[T, N, ...]`).
+      capacity_chunks: number of slots `C`.
+      full_policy: "overwrite_oldest" (`put` never blocks; overwrites are counted) or
+        "block" (`put` waits for space up to its timeout).
+    """
+
+    def __init__(self, example_chunk: Any, capacity_chunks: int, full_policy: str = "overwrite_oldest"):
+        if full_policy not in FULL_POLICIES:
+            raise ValueError(f"full_policy = {full_policy!r} is invalid: choose one of {FULL_POLICIES}")
+        self.capacity = int(capacity_chunks)
+        self.full_policy = full_policy
+        self._state = buffer_init(example_chunk, self.capacity)
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+        # Host mirrors of the device counters, so waiting never syncs with the device.
+        self._size = 0
+        self._added = self._overwritten = self._taken = 0
+        self.trace_counts = {"add": 0, "take": 0}
+
+        def _add(state, chunk):
+            self.trace_counts["add"] += 1  # runs at trace time only
+            return buffer_add(state, chunk)
+
+        def _take(state):
+            self.trace_counts["take"] += 1
+            return buffer_take(state)
+
+        self._add = jax.jit(_add, donate_argnums=0)
+        self._take = jax.jit(_take, donate_argnums=0)
+
+    # -- producer / consumer ------------------------------------------------------------
+    def put(self, chunk: Any, timeout: float | None = 1.0) -> bool:
+        """Add a chunk. False if the buffer is closed or ("block") no space came in `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
+        with self._cond:
+            if self.full_policy == "block":
+                while not self._closed and self._size >= self.capacity:
+                    if not self._wait(deadline):
+                        return False
+            if self._closed:
+                return False
+            self._state = self._add(self._state, chunk)
+            self._added += 1
+            if self._size >= self.capacity:
+                self._overwritten += 1
+            else:
+                self._size += 1
+            self._cond.notify_all()
+            return True
+
+    def get(self, timeout: float | None = 1.0) -> Any | None:
+        """Pop the oldest chunk; None if none arrived within `timeout` s or the buffer is closed and empty."""
+        deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
+        with self._cond:
+            while self._size == 0:
+                if self._closed or not self._wait(deadline):
+                    return None
+            self._state, chunk = self._take(self._state)
+            self._size -= 1
+            self._taken += 1
+            self._cond.notify_all()
+            return chunk
+
+    def close(self) -> None:
+        """Refuse further puts and wake every waiter (they return False / None promptly)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _wait(self, deadline: float | None) -> bool:
+        """Wait on the condition; False once `deadline` passed. `None` waits in 1 s slices until woken."""
+        if deadline is None:
+            self._cond.wait(1.0)
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        self._cond.wait(remaining)
+        return True
+
+    # -- introspection ------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def fill(self) -> float:
+        """Fraction of slots filled, in [0, 1]."""
+        return self._size / self.capacity
+
+    def counters(self) -> dict[str, int]:
+        """Host counters; `added == taken + overwritten + size` always holds."""
+        with self._cond:
+            return {
+                "added": self._added,
+                "taken": self._taken,
+                "overwritten": self._overwritten,
+                "size": self._size,
+            }
+
+    def device_counters(self) -> dict[str, int]:
+        """The same counters read from the device state (synchronises with the device)."""
+        with self._cond:
+            s = self._state
+            return {k: int(getattr(s, k)) for k in ("added", "taken", "overwritten", "size")}

@@ -1,0 +1,82 @@
+"""Thread-safe versioned store of policy snapshots (side effects: locks, clocks).
+
+The learner `publish`es a `PolicySnapshot` after each iteration; samplers pull it with
+`get_if_newer` (non-blocking) or `wait_for_newer` (blocking, with a timeout). Versions
+must strictly increase.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import jax
+
+from ppo_async.types import PolicySnapshot
+
+
+class ParamStore:
+    """Holds the latest `PolicySnapshot`; every blocking call takes a timeout."""
+
+    def __init__(self, snapshot: PolicySnapshot | None = None):
+        self._cond = threading.Condition(threading.Lock())
+        self._snapshot: PolicySnapshot | None = None
+        self._version: int | None = None
+        self._closed = False
+        self.publish_count = 0
+        if snapshot is not None:
+            self.publish(snapshot)
+
+    def publish(self, snapshot: PolicySnapshot) -> None:
+        """Store `snapshot` as the latest. Raises ValueError unless its version increases."""
+        version = int(snapshot.version)
+        with self._cond:
+            if self._version is not None and version <= self._version:
+                raise ValueError(
+                    f"snapshot.version = {version} is invalid: must be > latest version {self._version}"
+                )
+            self._snapshot, self._version = snapshot, version
+            self.publish_count += 1
+            self._cond.notify_all()
+
+    def latest_version(self) -> int | None:
+        """Version of the latest snapshot, None before the first publish."""
+        with self._cond:
+            return self._version
+
+    def latest(self) -> PolicySnapshot | None:
+        with self._cond:
+            return self._snapshot
+
+    def get_if_newer(self, version: int | None, device: Any = None) -> PolicySnapshot | None:
+        """The latest snapshot (placed on `device` if given) when newer than `version`, else None.
+
+        `version=None` means "I have none": any published snapshot is newer.
+        """
+        with self._cond:
+            snapshot, latest = self._snapshot, self._version
+        if snapshot is None or (version is not None and latest <= int(version)):
+            return None
+        return jax.device_put(snapshot, device) if device is not None else snapshot
+
+    def wait_for_newer(self, version: int | None, timeout: float, device: Any = None) -> PolicySnapshot | None:
+        """Block until a snapshot newer than `version` is published; None on timeout or close."""
+        deadline = time.monotonic() + max(float(timeout), 0.0)
+        with self._cond:
+            while not self._closed and (
+                self._version is None or (version is not None and self._version <= int(version))
+            ):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            if self._closed and (self._version is None or (version is not None and self._version <= int(version))):
+                return None
+        return self.get_if_newer(version, device)
+
+    def close(self) -> None:
+        """Wake every waiter (they return None)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
