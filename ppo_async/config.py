@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-MODES = ("sync", "simulated")
+MODES = ("sync", "simulated", "threaded")
 LAG_SCHEDULES = ("fixed", "per_sampler", "uniform", "geometric", "straggler", "replay")
 ADVANTAGE_ESTIMATORS = ("gae", "vtrace")
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu")
@@ -292,12 +292,56 @@ class LagConfig:
 
 
 @dataclass(frozen=True)
+class ThreadedConfig:
+    """Threaded mode: real sampler threads, a device ring buffer and a learner (lag emerges from timing)."""
+
+    num_samplers: int = 2
+    """Sampler threads, each with its own jitted vmapped rollout, params snapshot, envs and RNG."""
+    refresh_lag: int = 1
+    """A sampler pulls new params only when at least this many versions behind."""
+    min_refresh_interval_s: float = 0.0
+    """... and no more often than this (seconds)."""
+    buffer_capacity: int = 4
+    """Ring-buffer capacity in rollout chunks (of num_envs * num_steps transitions each)."""
+    full_policy: Literal["overwrite_oldest", "block"] = "block"
+    """What a full buffer does to a producer: overwrite the oldest chunk (counted) or block."""
+    sampler_step_latency_ms: tuple[float, ...] = ()
+    """Simulated env-step latency per sampler (ms per env step, slept outside the GIL after each rollout); () = none."""
+    latency_jitter: float = 0.0
+    """Relative jitter of the latency, uniform in [1 - j, 1 + j]."""
+    timeout_s: float = 30.0
+    """Longest wait of any blocking call before the run fails with a clear error."""
+
+    def __post_init__(self) -> None:
+        _check_int("threaded.num_samplers", self.num_samplers, 1)
+        _check_int("threaded.refresh_lag", self.refresh_lag, 1)
+        _check_non_negative("threaded.min_refresh_interval_s", self.min_refresh_interval_s)
+        _check_int("threaded.buffer_capacity", self.buffer_capacity, 1)
+        if self.full_policy not in ("overwrite_oldest", "block"):
+            _fail("threaded.full_policy", self.full_policy, "must be 'overwrite_oldest' or 'block'")
+        lat = self.sampler_step_latency_ms
+        if not isinstance(lat, (tuple, list)) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in lat
+        ):
+            _fail("threaded.sampler_step_latency_ms", lat, "must be a sequence of numbers >= 0")
+        object.__setattr__(self, "sampler_step_latency_ms", tuple(float(x) for x in lat))
+        if lat and len(lat) != self.num_samplers:
+            _fail(
+                "threaded.sampler_step_latency_ms", lat,
+                f"must list one latency per sampler (threaded.num_samplers = {self.num_samplers}) or be empty",
+            )
+        if not 0.0 <= self.latency_jitter < 1.0:
+            _fail("threaded.latency_jitter", self.latency_jitter, "must lie in [0, 1)")
+        _check_positive("threaded.timeout_s", self.timeout_s)
+
+
+@dataclass(frozen=True)
 class Config:
     """One training run: which env, which execution mode, how long, and every section."""
 
     env: str = "Pendulum-v1"
     """gymnax environment name (e.g. Pendulum-v1, CartPole-v1)."""
-    mode: Literal["sync", "simulated"] = "sync"
+    mode: Literal["sync", "simulated", "threaded"] = "sync"
     """Execution mode: sync (strict on-policy) or simulated (emulated samplers with a controlled lag schedule)."""
     seed: int = 0
     """Base random seed; seed i of a multi-seed run uses seed + i."""
@@ -315,6 +359,7 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     lag: LagConfig = field(default_factory=LagConfig)
+    threaded: ThreadedConfig = field(default_factory=ThreadedConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.env, str):
@@ -327,7 +372,7 @@ class Config:
         _check_int("total_env_steps", self.total_env_steps, 1)
         _check_int("checkpoint_every", self.checkpoint_every, 0)
         _check_int("keep_checkpoints", self.keep_checkpoints, 1)
-        for name, cls in (("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig)):
+        for name, cls in (("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig)):
             if not isinstance(getattr(self, name), cls):
                 _fail(name, getattr(self, name), f"must be a {cls.__name__}")
         if self.batch_size % self.ppo.num_minibatches != 0:
@@ -368,7 +413,7 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
-_SECTIONS = {"rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig, "lag": LagConfig}
+_SECTIONS = {"rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig, "lag": LagConfig, "threaded": ThreadedConfig}
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

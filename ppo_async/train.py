@@ -125,6 +125,13 @@ def train(
     """
     from ppo_async.checkpoint import Checkpointer, CheckpointError
 
+    if config.mode == "threaded":
+        from ppo_async.config import ConfigError
+        from ppo_async.modes.threaded import train_threaded
+
+        if resume:
+            raise ConfigError("resume is not supported for mode='threaded' (its lag depends on timing)")
+        return train_threaded(config, progress=progress, on_iteration=on_iteration)
     t0 = time.perf_counter()
     keys = seed_keys(config)
     init, step_fn, args, schedule = make_program(config)
