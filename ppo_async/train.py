@@ -126,7 +126,6 @@ def train(
     from ppo_async.checkpoint import Checkpointer, CheckpointError
 
     if config.mode == "threaded":
-        from ppo_async.config import ConfigError
         from ppo_async.modes.threaded import train_threaded
 
         if resume:
