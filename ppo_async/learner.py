@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from ppo_async import envs, losses, networks
-from ppo_async.config import Config, PPOConfig
+from ppo_async.config import Config
 from ppo_async.networks import ActorCritic
 from ppo_async.types import RunningMeanStd, TrainState, Trajectory
 

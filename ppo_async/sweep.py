@@ -41,7 +41,7 @@ import numpy as np
 from ppo_async.config import Config, ConfigError, LagConfig, PPOConfig, replace_path
 from ppo_async.lag import make_schedule
 from ppo_async.learner import hyperparams_from_config
-from ppo_async.modes.simulated import ScheduleArrays, make_simulated_program, schedule_arrays
+from ppo_async.modes.simulated import make_simulated_program, schedule_arrays
 from ppo_async.train import run_iterations
 
 STRATEGIES = ("auto", "vmap", "loop")

@@ -10,7 +10,7 @@ Lag is 0 by construction: every rollout uses the params the learner has now.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import chex
 import jax

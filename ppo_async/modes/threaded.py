@@ -15,7 +15,6 @@ re-raised from `train()` with its traceback; every blocking call has a timeout.
 
 from __future__ import annotations
 
-import math
 import random
 import threading
 import time
@@ -26,7 +25,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from ppo_async import learner
+from ppo_async import envs, learner
 from ppo_async.buffer import RingBuffer
 from ppo_async.config import Config
 from ppo_async.lag import must_force_refresh, schedule_record, should_refresh, write_schedule
@@ -35,7 +34,6 @@ from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finit
 from ppo_async.modes.sync import make_contexts, rollout_metrics, sampler_env_key
 from ppo_async.param_store import ParamStore
 from ppo_async.rollout import rollout
-from ppo_async import envs
 from ppo_async.types import snapshot_of
 
 
@@ -182,7 +180,7 @@ def train_threaded(config: Config, *, progress: bool = False, on_iteration=None)
         )
         for s in range(num_samplers)
     ]
-    writer = schedule_records = None
+    writer = None
     if config.run_dir:
         write_config(config.run_dir, config)
         writer = JsonlWriter(f"{config.run_dir}/metrics.jsonl")
