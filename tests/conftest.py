@@ -46,5 +46,21 @@ def cartpole():
 
 
 @pytest.fixture
+def nan_rewards(monkeypatch):
+    """Makes every env step return NaN rewards (patched where rollouts look it up, at trace time)."""
+    import jax.numpy as jnp
+
+    from ppo_async import envs
+
+    real_step = envs.step_envs
+
+    def poisoned(env, state, action, key, clip_actions=True):
+        next_state, step = real_step(env, state, action, key, clip_actions)
+        return next_state, step._replace(reward=step.reward * jnp.nan)
+
+    monkeypatch.setattr(envs, "step_envs", poisoned)
+
+
+@pytest.fixture
 def run_cli():
     return run_module
