@@ -14,6 +14,7 @@ blocking call takes a timeout; `close()` wakes every waiter.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from typing import Any, NamedTuple
@@ -95,18 +96,24 @@ class RingBuffer:
       capacity_chunks: number of slots `C`.
       full_policy: "overwrite_oldest" (`put` never blocks; overwrites are counted) or
         "block" (`put` waits for space up to its timeout).
+      device: where the storage lives (default: JAX's default device).
     """
 
-    def __init__(self, example_chunk: Any, capacity_chunks: int, full_policy: str = "overwrite_oldest"):
+    def __init__(
+        self, example_chunk: Any, capacity_chunks: int, full_policy: str = "overwrite_oldest", device: Any = None
+    ):
         if full_policy not in FULL_POLICIES:
             raise ValueError(f"full_policy = {full_policy!r} is invalid: choose one of {FULL_POLICIES}")
         self.capacity = int(capacity_chunks)
         self.full_policy = full_policy
         self._state = buffer_init(example_chunk, self.capacity)
+        if device is not None:  # the storage lives on this device; producers put chunks there first
+            self._state = jax.device_put(self._state, device)
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
         # Host mirrors of the device counters, so waiting never syncs with the device.
         self._size = 0
+        self._tags: collections.deque = collections.deque()  # host-side tag per resident chunk, FIFO
         self._added = self._overwritten = self._taken = 0
         self.trace_counts = {"add": 0, "take": 0}
 
@@ -122,8 +129,12 @@ class RingBuffer:
         self._take = jax.jit(_take, donate_argnums=0)
 
     # -- producer / consumer ------------------------------------------------------------
-    def put(self, chunk: Any, timeout: float | None = 1.0) -> bool:
-        """Add a chunk. False if the buffer is closed or ("block") no space came in `timeout` s."""
+    def put(self, chunk: Any, timeout: float | None = 1.0, tag: Any = None) -> bool:
+        """Add a chunk. False if the buffer is closed or ("block") no space came in `timeout` s.
+
+        `tag` (any host object, e.g. the producer's id) travels with the chunk and comes back
+        from `get_tagged`; an overwritten chunk's tag goes with it.
+        """
         deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
         with self._cond:
             if self.full_policy == "block":
@@ -134,8 +145,10 @@ class RingBuffer:
                 return False
             self._state = self._add(self._state, chunk)
             self._added += 1
+            self._tags.append(tag)
             if self._size >= self.capacity:
                 self._overwritten += 1
+                self._tags.popleft()
             else:
                 self._size += 1
             self._cond.notify_all()
@@ -143,6 +156,11 @@ class RingBuffer:
 
     def get(self, timeout: float | None = 1.0) -> Any | None:
         """Pop the oldest chunk; None if none arrived within `timeout` s or the buffer is closed and empty."""
+        item = self.get_tagged(timeout)
+        return None if item is None else item[0]
+
+    def get_tagged(self, timeout: float | None = 1.0) -> tuple[Any, Any] | None:
+        """Pop the oldest `(chunk, tag)`; None as for `get`."""
         deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
         with self._cond:
             while self._size == 0:
@@ -151,8 +169,9 @@ class RingBuffer:
             self._state, chunk = self._take(self._state)
             self._size -= 1
             self._taken += 1
+            tag = self._tags.popleft()
             self._cond.notify_all()
-            return chunk
+            return chunk, tag
 
     def close(self) -> None:
         """Refuse further puts and wake every waiter (they return False / None promptly)."""

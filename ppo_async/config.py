@@ -311,6 +311,14 @@ class ThreadedConfig:
     """Relative jitter of the latency, uniform in [1 - j, 1 + j]."""
     timeout_s: float = 30.0
     """Longest wait of any blocking call before the run fails with a clear error."""
+    barrier: bool = False
+    """Barrier baseline (synchronous distributed PPO): each learner batch holds one rollout from every sampler, all made with the latest params (lag 0); samplers wait for each new version."""
+    chunks_per_batch: int | None = None
+    """Rollout chunks (num_envs * num_steps each) per learner batch; None = 1, or num_samplers with barrier."""
+    sampler_devices: tuple[int, ...] = ()
+    """Indices into jax.devices() the samplers run on (sampler i uses entry i mod len); () = auto (device 0, or the first half of several devices)."""
+    learner_devices: tuple[int, ...] = ()
+    """Indices into jax.devices() of the data-parallel learner (shard_map over them; one = plain jit); () = auto (device 0, or the second half)."""
 
     def __post_init__(self) -> None:
         _check_int("threaded.num_samplers", self.num_samplers, 1)
@@ -333,6 +341,36 @@ class ThreadedConfig:
         if not 0.0 <= self.latency_jitter < 1.0:
             _fail("threaded.latency_jitter", self.latency_jitter, "must lie in [0, 1)")
         _check_positive("threaded.timeout_s", self.timeout_s)
+        _check_bool("threaded.barrier", self.barrier)
+        if self.chunks_per_batch is not None:
+            _check_int("threaded.chunks_per_batch", self.chunks_per_batch, 1)
+            if self.barrier and self.chunks_per_batch != self.num_samplers:
+                _fail(
+                    "threaded.chunks_per_batch", self.chunks_per_batch,
+                    f"must equal threaded.num_samplers = {self.num_samplers} with barrier=True (one rollout per sampler), or be None",
+                )
+        if self.barrier and self.full_policy == "overwrite_oldest" and self.buffer_capacity < self.num_samplers:
+            _fail(
+                "threaded.buffer_capacity", self.buffer_capacity,
+                f"must be >= threaded.num_samplers = {self.num_samplers} with barrier=True and full_policy='overwrite_oldest' "
+                "(an overwritten rollout would never be replaced)",
+            )
+        for name in ("sampler_devices", "learner_devices"):
+            devices = getattr(self, name)
+            if not isinstance(devices, (tuple, list)) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices
+            ):
+                _fail(f"threaded.{name}", devices, "must be a sequence of device indices >= 0 (into jax.devices())")
+            if len(set(devices)) != len(devices):
+                _fail(f"threaded.{name}", devices, "must not repeat a device")
+            object.__setattr__(self, name, tuple(devices))
+
+    @property
+    def effective_chunks_per_batch(self) -> int:
+        """Chunks per learner batch: chunks_per_batch, else num_samplers (barrier) or 1."""
+        if self.chunks_per_batch is not None:
+            return self.chunks_per_batch
+        return self.num_samplers if self.barrier else 1
 
 
 @dataclass(frozen=True)
@@ -342,7 +380,7 @@ class Config:
     env: str = "Pendulum-v1"
     """gymnax environment name (e.g. Pendulum-v1, CartPole-v1)."""
     mode: Literal["sync", "simulated", "threaded"] = "sync"
-    """Execution mode: sync (strict on-policy) or simulated (emulated samplers with a controlled lag schedule)."""
+    """Execution mode: sync (strict on-policy), simulated (emulated samplers with a controlled lag schedule) or threaded (real sampler threads; the lag emerges from timing)."""
     seed: int = 0
     """Base random seed; seed i of a multi-seed run uses seed + i."""
     num_seeds: int = 1
@@ -355,6 +393,8 @@ class Config:
     """Save a checkpoint into RUN_DIR/checkpoints every this many learner iterations (0 = only the final one)."""
     keep_checkpoints: int = 3
     """Checkpoints kept on disk (the oldest are deleted)."""
+    wandb_project: str | None = None
+    """Also log every metric row to this Weights & Biases project (needs `pip install wandb`; never required); None = off."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -372,6 +412,8 @@ class Config:
         _check_int("total_env_steps", self.total_env_steps, 1)
         _check_int("checkpoint_every", self.checkpoint_every, 0)
         _check_int("keep_checkpoints", self.keep_checkpoints, 1)
+        if self.wandb_project is not None and (not isinstance(self.wandb_project, str) or not self.wandb_project.strip()):
+            _fail("wandb_project", self.wandb_project, "must be a non-empty project name or None")
         for name, cls in (("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig)):
             if not isinstance(getattr(self, name), cls):
                 _fail(name, getattr(self, name), f"must be a {cls.__name__}")
@@ -379,19 +421,31 @@ class Config:
             _fail(
                 "ppo.num_minibatches",
                 self.ppo.num_minibatches,
-                f"must divide the batch rollout.num_envs * rollout.num_steps = {self.batch_size}",
+                f"must divide the learner batch ({self._batch_formula()} = {self.batch_size})",
             )
         if self.total_env_steps < self.batch_size:
             _fail(
                 "total_env_steps",
                 self.total_env_steps,
-                f"must be at least one batch (rollout.num_envs * rollout.num_steps = {self.batch_size})",
+                f"must be at least one learner batch ({self._batch_formula()} = {self.batch_size})",
             )
+
+    def _batch_formula(self) -> str:
+        if self.mode == "threaded" and self.threaded.effective_chunks_per_batch > 1:
+            return "rollout.num_envs * rollout.num_steps * threaded.chunks_per_batch"
+        return "rollout.num_envs * rollout.num_steps"
+
+    @property
+    def chunk_size(self) -> int:
+        """Transitions in one rollout chunk (num_envs * num_steps)."""
+        return self.rollout.num_envs * self.rollout.num_steps
 
     @property
     def batch_size(self) -> int:
-        """Transitions consumed per learner iteration (num_envs * num_steps)."""
-        return self.rollout.num_envs * self.rollout.num_steps
+        """Transitions per learner iteration: one chunk, or threaded.chunks_per_batch chunks in threaded mode."""
+        if self.mode == "threaded":
+            return self.chunk_size * self.threaded.effective_chunks_per_batch
+        return self.chunk_size
 
     @property
     def minibatch_size(self) -> int:

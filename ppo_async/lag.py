@@ -179,7 +179,13 @@ def read_schedule(path: str | os.PathLike | None) -> LagSchedule:
         missing = [c for c in needed if row.get(c) in (None, "")]
         if missing:
             raise ConfigError(f"lag.replay_path = {path!r}: record {i + 1} lacks {missing}")
-    order = np.argsort([int(r.get("iteration") or i + 1) for i, r in enumerate(rows)], kind="stable")
+    iterations = [int(r.get("iteration") or i + 1) for i, r in enumerate(rows)]
+    if len(set(iterations)) != len(iterations):
+        raise ConfigError(
+            f"lag.replay_path = {path!r}: several records share an iteration (recorded with "
+            "threaded.chunks_per_batch > 1); replay needs one chunk per learner iteration"
+        )
+    order = np.argsort(iterations, kind="stable")
     rows = [rows[i] for i in order]
     sampler_id = np.asarray([int(r["sampler_id"]) for r in rows], np.int32)
     lag = np.asarray([int(r["lag"]) for r in rows], np.int32)

@@ -4,24 +4,28 @@ One call is one learner iteration (version += 1): value bootstrap through time-l
 truncations, GAE, then `num_epochs x num_minibatches` Adam steps on the PPO or dual-clip
 objective. Hyperparameters that do not change shapes travel in `Hyperparams` as arrays, so
 one compiled update serves a whole sweep; shape-changing and structural options are static
-in `LearnerContext`. With `axis_name` set the update runs data-parallel under pmap /
-shard_map and averages gradients and metrics over that axis.
+in `LearnerContext`. With `axis_name` set the update runs data-parallel under shard_map
+(`data_parallel_update`): each device holds the trajectory's envs `[T, N / D]`, gradients and
+advantage-normalisation statistics are averaged over devices, so every replica takes the
+same Adam step (the data-parallel SGD of Goyal et al. 2017).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ppo_async import envs, losses, networks
 from ppo_async.config import Config
 from ppo_async.networks import ActorCritic
-from ppo_async.types import RunningMeanStd, TrainState, Trajectory
+from ppo_async.types import TrainState, Trajectory
 
 
 class Hyperparams(NamedTuple):
@@ -227,7 +231,7 @@ def ppo_loss(
     mask = batch.weight
     advantages = batch.advantage
     if ctx.normalize_advantages:
-        advantages = losses.normalize_advantages(advantages, mask)
+        advantages = losses.normalize_advantages(advantages, mask, axis_name=ctx.axis_name)
     policy_loss = losses.dual_clip_ppo_loss(
         log_prob, batch.behavior_log_prob, advantages, hparams.clip_eps, hparams.dual_clip, mask
     )
@@ -348,24 +352,33 @@ def ppo_update(
     lag_count = jnp.sum(per_minibatch.pop("lag_count"), axis=(0, 1))
     lag_kl_sum = jnp.sum(per_minibatch.pop("lag_kl_sum"), axis=(0, 1))
     lag_clip_sum = jnp.sum(per_minibatch.pop("lag_clip_sum"), axis=(0, 1))
+    lag_stats = lag_metrics(lag, batch.weight.reshape(lag.shape), ctx.lag_buckets)
     metrics = {name: jnp.mean(value) for name, value in per_minibatch.items()}
-    metrics["approx_kl_max"] = jnp.max(per_minibatch["approx_kl"])
-    metrics["ratio_max"] = jnp.max(per_minibatch["ratio_max"])
+    metrics["explained_variance"] = explained_variance(batch.old_value, batch.target)
+    metrics["lag_mean"] = lag_stats.pop("lag_mean")
+    approx_kl_max = jnp.max(per_minibatch["approx_kl"])
+    ratio_max = jnp.max(per_minibatch["ratio_max"])
+    if ctx.axis_name is not None:
+        # Data-parallel: every shard holds the same number of samples, so means average;
+        # counts and per-lag sums add up; maxima take the max over devices.
+        metrics = jax.lax.pmean(metrics, ctx.axis_name)
+        lag_count, lag_kl_sum, lag_clip_sum, lag_stats = jax.lax.psum(
+            (lag_count, lag_kl_sum, lag_clip_sum, lag_stats), ctx.axis_name
+        )
+        lag_stats["lag_max"] = jax.lax.pmax(jnp.max(lag), ctx.axis_name).astype(jnp.int32)
+        approx_kl_max, ratio_max = jax.lax.pmax((approx_kl_max, ratio_max), ctx.axis_name)
+    metrics.update(lag_stats)
+    metrics["approx_kl_max"] = approx_kl_max
+    metrics["ratio_max"] = ratio_max
     metrics["learning_rate"] = learning_rate
     metrics["value_updated"] = value_flag
-    metrics["explained_variance"] = explained_variance(batch.old_value, batch.target)
     metrics["kl_per_lag"] = jnp.where(lag_count > 0, lag_kl_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
     metrics["clip_fraction_per_lag"] = jnp.where(lag_count > 0, lag_clip_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
-    metrics.update(lag_metrics(lag, batch.weight.reshape(lag.shape), ctx.lag_buckets))
-    if ctx.axis_name is not None:
-        metrics = jax.lax.pmean(metrics, ctx.axis_name)
 
     obs_stats = state.obs_stats
     if ctx.normalize_obs:
-        moments = trajectory.stats.obs_moments
-        if ctx.axis_name is not None:
-            moments = _all_moments(moments, ctx.axis_name)
-        obs_stats = envs.merge_moments(obs_stats, moments)
+        # `trajectory.stats` describes the whole rollout (replicated under data parallelism).
+        obs_stats = envs.merge_moments(obs_stats, trajectory.stats.obs_moments)
     consumed = jnp.sum(batch.weight).astype(jnp.int32)
     if ctx.axis_name is not None:
         consumed = jax.lax.psum(consumed, ctx.axis_name)
@@ -381,6 +394,66 @@ def ppo_update(
     new_state = jax.tree.map(lambda n, o: jnp.where(consumed > 0, n, o), new_state, state)
     metrics["consumed"] = consumed
     return new_state, metrics
+
+
+LEARNER_AXIS = "learner"
+
+
+def learner_mesh(devices: Sequence[Any]) -> Mesh:
+    """A 1-D mesh over the learner's devices, axis `LEARNER_AXIS`."""
+    return Mesh(np.asarray(list(devices)), (LEARNER_AXIS,))
+
+
+def trajectory_partition(trajectory: Trajectory) -> Trajectory:
+    """PartitionSpecs of a data-parallel trajectory: envs split over the learner axis.
+
+    Transitions `[T, N, ...]` and `last_obs [N, ...]` are split along N; the rollout
+    statistics (reduced over the whole rollout) are replicated.
+    """
+    return Trajectory(
+        transitions=jax.tree.map(lambda _: PartitionSpec(None, LEARNER_AXIS), trajectory.transitions),
+        last_obs=PartitionSpec(LEARNER_AXIS),
+        stats=jax.tree.map(lambda _: PartitionSpec(), trajectory.stats),
+    )
+
+
+def data_parallel_update(ctx: LearnerContext, devices: Sequence[Any]) -> tuple[Callable, Callable, Callable]:
+    """`ppo_update` data-parallel over `devices` with `jit(shard_map)`.
+
+    Each device runs the update on its `[T, N / D]` slice of the trajectory; `ctx.axis_name`
+    must be `LEARNER_AXIS` so gradients, advantage statistics and metrics are reduced over
+    devices and every replica stays identical (train state and outputs are replicated).
+
+    Returns:
+      `(update, place_state, place_trajectory)`: the jitted update
+      `(state, trajectory, key, hparams) -> (state, metrics)` and two functions that put a
+      train state (replicated) or a trajectory (split along N) onto the mesh.
+    """
+    if ctx.axis_name != LEARNER_AXIS:
+        raise ValueError(f"ctx.axis_name = {ctx.axis_name!r} is invalid: must be {LEARNER_AXIS!r}")
+    mesh = learner_mesh(devices)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def run(state, trajectory, key, hparams):
+        specs = trajectory_partition(trajectory)
+        mapped = jax.shard_map(
+            lambda st, tr, k, hp: ppo_update(ctx, st, tr, k, hp),
+            mesh=mesh,
+            in_specs=(PartitionSpec(), specs, PartitionSpec(), PartitionSpec()),
+            out_specs=(PartitionSpec(), PartitionSpec()),
+            check_vma=False,  # replicas agree by construction: every update is all-reduced
+        )
+        return mapped(state, trajectory, key, hparams)
+
+    def place_state(tree: Any) -> Any:
+        return jax.device_put(tree, replicated)
+
+    def place_trajectory(trajectory: Trajectory) -> Trajectory:
+        specs = trajectory_partition(trajectory)
+        shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+        return jax.device_put(trajectory, shardings)
+
+    return jax.jit(run), place_state, place_trajectory
 
 
 def lag_metrics(lag: chex.Array, weight: chex.Array, num_buckets: int) -> dict[str, chex.Array]:
@@ -403,13 +476,6 @@ def lag_metrics(lag: chex.Array, weight: chex.Array, num_buckets: int) -> dict[s
         "lag_max": jnp.max(lag).astype(jnp.int32),
         "dropped_stale": jnp.sum(1.0 - weight).astype(jnp.int32),
     }
-
-
-def _all_moments(moments: RunningMeanStd, axis_name: str) -> RunningMeanStd:
-    """Moments over every replica of a data-parallel axis (equal counts assumed)."""
-    mean = jax.lax.pmean(moments.mean, axis_name)
-    second = jax.lax.pmean(moments.var + jnp.square(moments.mean), axis_name)
-    return RunningMeanStd(mean=mean, var=second - jnp.square(mean), count=jax.lax.psum(moments.count, axis_name))
 
 
 def explained_variance(predictions: chex.Array, targets: chex.Array) -> chex.Array:

@@ -440,9 +440,19 @@ def ratio_stats(
 
 
 def normalize_advantages(
-    advantages: chex.Array, mask: chex.Array | None = None, eps: float = 1e-8
+    advantages: chex.Array, mask: chex.Array | None = None, eps: float = 1e-8, axis_name: str | None = None
 ) -> chex.Array:
-    """(A - mean(A)) / (std(A) + eps) over all elements (optionally masked); shape preserved."""
-    mean = masked_mean(advantages, mask)
-    std = jnp.sqrt(masked_mean(jnp.square(advantages - mean), mask))
-    return (advantages - mean) / (std + eps)
+    """(A - mean(A)) / (std(A) + eps) over all elements (optionally masked); shape preserved.
+
+    With `axis_name` (inside shard_map / pmap) mean and std are taken over the shards of every
+    device along that axis, so a data-parallel minibatch is normalised as one minibatch.
+    """
+    if axis_name is None:
+        mean = masked_mean(advantages, mask)
+        std = jnp.sqrt(masked_mean(jnp.square(advantages - mean), mask))
+        return (advantages - mean) / (std + eps)
+    weight = jnp.ones_like(advantages) if mask is None else mask.astype(advantages.dtype)
+    count = jnp.maximum(jax.lax.psum(jnp.sum(weight), axis_name), 1.0)
+    mean = jax.lax.psum(jnp.sum(advantages * weight), axis_name) / count
+    var = jax.lax.psum(jnp.sum(jnp.square(advantages - mean) * weight), axis_name) / count
+    return (advantages - mean) / (jnp.sqrt(var) + eps)

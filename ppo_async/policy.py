@@ -81,8 +81,13 @@ def load(run_dir: str | os.PathLike, seed_index: int = 0, step: int | None = Non
     ckpt_dir = checkpoint_dir(run_dir)
     if not os.path.isdir(ckpt_dir):
         raise CheckpointError(f"no checkpoints in {run_dir!r} (no {ckpt_dir})")
-    init, _, _, _ = make_program(config)
-    state_like = jax.eval_shape(init, seed_keys(config))
+    if config.mode == "threaded":
+        from ppo_async.modes.threaded import threaded_checkpoint_like
+
+        state_like = threaded_checkpoint_like(config)
+    else:
+        init, _, _, _ = make_program(config)
+        state_like = jax.eval_shape(init, seed_keys(config))
     with Checkpointer(ckpt_dir, max_to_keep=config.keep_checkpoints) as ckpt:
         state, meta = ckpt.restore(state_like, step=step)
     train_state = jax.tree.map(lambda x: x[seed_index], state.train_state)

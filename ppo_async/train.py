@@ -18,7 +18,16 @@ import numpy as np
 
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict
 from ppo_async.learner import hyperparams_from_config
-from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, read_jsonl, split_seeds
+from ppo_async.metrics import (
+    JsonlWriter,
+    NonFiniteError,
+    Progress,
+    check_finite,
+    open_wandb,
+    read_jsonl,
+    scalar_items,
+    split_seeds,
+)
 
 LOSS_FIELDS = ("policy_loss", "value_loss", "entropy", "approx_kl")
 
@@ -92,7 +101,7 @@ def make_program(config: Config) -> tuple[Callable, Callable, tuple, Any]:
 
 
 # Fields that may differ between a run and its resumption (they do not change the maths).
-_RESUME_FREE_FIELDS = ("run_dir", "checkpoint_every", "keep_checkpoints")
+_RESUME_FREE_FIELDS = ("run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project")
 
 
 def checkpoint_dir(run_dir: str) -> str:
@@ -176,6 +185,7 @@ def train(
 
     checkpointer = None
     tb_writer = None
+    wandb_run = open_wandb(config)
     try:
         if run_dir:
             checkpointer = Checkpointer(checkpoint_dir(run_dir), max_to_keep=config.keep_checkpoints)
@@ -191,10 +201,13 @@ def train(
             first_iteration=first_iteration,
             checkpointer=checkpointer,
             tb_writer=tb_writer,
+            wandb_run=wandb_run,
             counters=counters,
             wall_offset=wall_offset,
         )
     finally:
+        if wandb_run is not None:
+            wandb_run.finish()
         if tb_writer is not None:
             tb_writer.close()
         if checkpointer is not None:
@@ -315,6 +328,17 @@ def write_tb_rows(writer: Any, rows: list[dict[str, Any]], label_keys: set[str])
             writer.add_scalar(prefix + name, value, global_step=step)
 
 
+def wandb_row(rows: list[dict[str, Any]], label_keys: set[str]) -> dict[str, float]:
+    """One W&B log entry for an iteration: each row's scalars, prefixed by its labels when several."""
+    if len(rows) == 1:
+        return scalar_items(rows[0])
+    out = {}
+    for row in rows:
+        prefix = "_".join(f"{k}_{row[k]}" for k in sorted(label_keys) if k in row)
+        out.update({f"{prefix}/{k}": v for k, v in scalar_items(row).items() if k not in label_keys})
+    return out
+
+
 def seed_keys(config: Config) -> jax.Array:
     """`[num_seeds]` keys; seed i uses PRNGKey(config.seed + i), so seed s alone reproduces it."""
     return jax.numpy.stack([jax.random.PRNGKey(config.seed + i) for i in range(config.num_seeds)])
@@ -334,6 +358,7 @@ def run_iterations(
     leading_axes: int = 1,
     checkpointer: Any = None,
     tb_writer: Any = None,
+    wandb_run: Any = None,
     counters: tuple[np.ndarray, np.ndarray] | None = None,
     wall_offset: float = 0.0,
 ) -> tuple[Any, list[dict[str, Any]]]:
@@ -349,7 +374,8 @@ def run_iterations(
     every `config.checkpoint_every` iterations and after the last one, after that iteration's
     rows are written, with metadata (config, iteration, the accounting counters per row, wall
     time). A resumed loop passes `first_iteration`, `counters` (consumed, dropped per row) and
-    `wall_offset` from that metadata. `tb_writer` (tensorboardX) gets every scalar per row.
+    `wall_offset` from that metadata. `tb_writer` (tensorboardX) and `wandb_run` get every
+    scalar per row.
     """
     num_rows = len(labels)
     writer = None
@@ -404,6 +430,8 @@ def run_iterations(
                     writer.write(row)
             if tb_writer is not None:
                 write_tb_rows(tb_writer, rows, label_keys)
+            if wandb_run is not None:
+                wandb_run.log(wandb_row(rows, label_keys), step=int(rows[0]["env_steps"]))
             if checkpointer is not None and (
                 iteration == config.num_iterations
                 or (config.checkpoint_every > 0 and iteration % config.checkpoint_every == 0)

@@ -1,51 +1,71 @@
-"""Threaded mode: sampler threads -> device ring buffer -> learner; the lag emerges from timing.
+"""Threaded mode: sampler threads -> device ring buffer -> learner thread; lag emerges from timing.
 
-Each sampler thread owns a jitted, vmapped rollout (N envs x T steps), its params snapshot
-and version, its RNG and env states. It refreshes from the `ParamStore` when at least
-`refresh_lag` versions behind (no more often than `min_refresh_interval_s`); when a finished
-rollout is more than `lag.max_lag` versions old it is discarded (counted) and the sampler
-pulls the latest params (forced refresh). The learner (the calling thread) takes one chunk
-per iteration from the `RingBuffer`, runs the pure jitted PPO update (stale samples beyond
+Each sampler thread owns a jitted, vmapped rollout (N envs x T steps) on its device
+(`threaded.sampler_devices`), its params snapshot and version, its RNG and env states. It
+refreshes from the `ParamStore` when at least `refresh_lag` versions behind (no more often
+than `min_refresh_interval_s`); when a finished rollout is more than `lag.max_lag` versions
+old it is discarded (counted) and the sampler pulls the latest params (forced refresh).
+Rollouts go into a `RingBuffer` on the first learner device. The learner thread takes
+`chunks_per_batch` chunks per iteration, runs the pure PPO update (data-parallel over
+`threaded.learner_devices` with shard_map when there are several; stale samples beyond
 `lag.max_lag` are dropped and counted) and publishes the new version.
 
-Single seed, single learner device for now (data-parallel learner: not built yet).
-Every thread is named, owned and joined; an exception in any thread stops the run and is
-re-raised from `train()` with its traceback; every blocking call has a timeout.
+With `threaded.barrier` the same threads run classic synchronous distributed PPO: every
+sampler makes exactly one rollout per policy version, always with the latest params, and
+each learner batch holds one rollout from every sampler (lag 0, the slowest sampler sets
+the pace).
+
+The calling thread only logs (metrics.jsonl, TensorBoard, W&B, progress bar, checkpoints)
+and watches: an exception in any thread stops every thread and is re-raised from `train()`;
+Ctrl-C stops every thread, writes what was done and re-raises KeyboardInterrupt. Every thread
+is named and joined; every blocking call has a timeout.
 """
 
 from __future__ import annotations
 
+import os
+import queue
+import shutil
 import random
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
 from ppo_async import envs, learner
 from ppo_async.buffer import RingBuffer
-from ppo_async.config import Config
+from ppo_async.config import Config, ConfigError
 from ppo_async.lag import must_force_refresh, schedule_record, should_refresh, write_schedule
-from ppo_async.learner import hyperparams_from_config
-from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, to_python
+from ppo_async.learner import LEARNER_AXIS, hyperparams_from_config
+from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, open_wandb, scalar_items, to_python
 from ppo_async.modes.sync import make_contexts, rollout_metrics, sampler_env_key
 from ppo_async.param_store import ParamStore
-from ppo_async.rollout import rollout
-from ppo_async.types import snapshot_of
+from ppo_async.rollout import concat_trajectories, rollout
+from ppo_async.types import TrainState, snapshot_of
+
+JOIN_TIMEOUT_S = 10.0
+POLL_S = 0.1  # slice of every blocking wait, so a stop request is seen within this time
 
 
 class ThreadFailure(RuntimeError):
-    """A sampler thread raised; the message carries the thread's name and traceback."""
+    """A sampler or learner thread raised; the message carries the thread's name and traceback."""
+
+
+class ThreadedCheckpoint(NamedTuple):
+    """What a threaded run checkpoints: the learner's state, with a seed axis of 1 (as other modes)."""
+
+    train_state: TrainState  # leaves [1, ...]
 
 
 @dataclass
 class SamplerStats:
     """Per-sampler counters and time split (written by its thread, read under the GIL)."""
 
-    produced: int = 0  # transitions produced (including discarded ones)
+    produced: int = 0  # transitions produced (put into the buffer or discarded)
     discarded: int = 0  # transitions discarded by forced refresh
     refreshes: int = 0
     forced_refreshes: int = 0
@@ -56,208 +76,270 @@ class SamplerStats:
     started: float = field(default_factory=time.perf_counter)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where each part runs: one device per sampler, the learner's devices, the buffer's device."""
+
+    sampler_devices: tuple[Any, ...]
+    learner_devices: tuple[Any, ...]
+
+    @property
+    def buffer_device(self) -> Any:
+        return self.learner_devices[0]
+
+
+def _learner_device_count_ok(config: Config, count: int) -> bool:
+    """The learner batch splits evenly: envs over devices, each shard into whole minibatches."""
+    envs_per_batch = config.rollout.num_envs * config.threaded.effective_chunks_per_batch
+    return envs_per_batch % count == 0 and (config.batch_size // count) % config.ppo.num_minibatches == 0
+
+
+def resolve_placement(config: Config, devices: Sequence[Any] | None = None) -> Placement:
+    """Sampler and learner devices of a threaded run (pure given `devices`, default `jax.devices()`).
+
+    Explicit `threaded.sampler_devices` / `learner_devices` are indices into `devices`. Auto
+    (empty): one device runs everything; with several, the learner gets the last half (the
+    largest count <= D // 2 that splits the batch evenly) and the samplers the first half,
+    round-robin. Raises ConfigError naming the field for an index out of range or a learner
+    device count that does not split the batch.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    tcfg = config.threaded
+    for name in ("sampler_devices", "learner_devices"):
+        bad = [i for i in getattr(tcfg, name) if i >= len(devices)]
+        if bad:
+            raise ConfigError(
+                f"threaded.{name} = {getattr(tcfg, name)} is invalid: device index {bad[0]} is out of range "
+                f"(this machine has {len(devices)} JAX device(s): {devices})"
+            )
+    if tcfg.learner_devices:
+        learner_devices = [devices[i] for i in tcfg.learner_devices]
+        if not _learner_device_count_ok(config, len(learner_devices)):
+            raise ConfigError(
+                f"threaded.learner_devices = {tcfg.learner_devices} is invalid: {len(learner_devices)} devices must "
+                f"divide the batch's envs (rollout.num_envs * chunks = "
+                f"{config.rollout.num_envs * tcfg.effective_chunks_per_batch}) and leave whole minibatches "
+                f"(batch {config.batch_size} / devices divisible by ppo.num_minibatches = {config.ppo.num_minibatches})"
+            )
+    elif len(devices) == 1:
+        learner_devices = devices[:1]
+    else:
+        count = max(c for c in range(1, len(devices) // 2 + 1) if _learner_device_count_ok(config, c))
+        learner_devices = devices[len(devices) - count :]
+    if tcfg.sampler_devices:
+        pool = [devices[i] for i in tcfg.sampler_devices]
+    elif len(devices) == 1:
+        pool = devices[:1]
+    else:
+        pool = devices[: len(devices) - len(devices) // 2]
+    samplers = tuple(pool[s % len(pool)] for s in range(tcfg.num_samplers))
+    return Placement(sampler_devices=samplers, learner_devices=tuple(learner_devices))
+
+
+def make_learner_update(config: Config, placement: Placement, lag_buckets: int) -> tuple[Callable, Callable, Callable]:
+    """`(update, place_state, place_trajectory)` on the learner devices.
+
+    One device: plain `jit(ppo_update)` (data parallelism over a single device only costs;
+    see MEASURED). Several: `learner.data_parallel_update` (shard_map, gradients averaged).
+    """
+    devices = placement.learner_devices
+    if len(devices) == 1:
+        _, _, ctx = make_contexts(config, lag_buckets=lag_buckets)
+        update = jax.jit(lambda st, tr, k, hp: learner.ppo_update(ctx, st, tr, k, hp))
+        place = lambda tree: jax.device_put(tree, devices[0])  # noqa: E731
+        return update, place, place
+    _, _, ctx = make_contexts(config, lag_buckets=lag_buckets, axis_name=LEARNER_AXIS)
+    return learner.data_parallel_update(ctx, devices)
+
+
+# ----------------------------------------------------------------------------------------
+# Thread bodies (impure shells around the pure rollout / update)
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Shared:
+    """What the threads of one run share."""
+
+    config: Config
+    store: ParamStore
+    buffer: RingBuffer
+    stop: threading.Event
+    errors: list  # (thread name, exception, formatted traceback)
+    stats: list[SamplerStats]
+    buffer_device: Any
+    start: float = 0.0
+
+
+def _record_failure(shared: _Shared, name: str, exc: BaseException) -> None:
+    shared.errors.append((name, exc, traceback.format_exc()))
+    shared.stop.set()
+
+
 def _sampler_loop(
-    sampler_id: int,
-    config: Config,
-    rollout_fn: Callable,
-    env_state: Any,
-    key: jax.Array,
-    store: ParamStore,
-    buffer: RingBuffer,
-    stop: threading.Event,
-    stats: SamplerStats,
-    errors: list,
+    shared: _Shared, sampler_id: int, rollout_fn: Callable, env_state: Any, key: jax.Array, device: Any
 ) -> None:
-    """Body of one sampler thread (impure shell around the pure rollout)."""
+    """Body of one sampler thread."""
+    config, store, buffer, stop = shared.config, shared.store, shared.buffer, shared.stop
+    stats = shared.stats[sampler_id]
+    tcfg = config.threaded
+    chunk_size = config.chunk_size
     try:
-        tcfg = config.threaded
         latency_ms = tcfg.sampler_step_latency_ms[sampler_id] if tcfg.sampler_step_latency_ms else 0.0
         rng = random.Random(config.seed * 1000 + sampler_id)
-        snapshot = store.latest()
+        snapshot = store.get_if_newer(None, device)
         version = int(snapshot.version)
         last_refresh = time.perf_counter()
+        made_with: int | None = None  # version of the last rollout put into the buffer
         while not stop.is_set():
-            latest = store.latest_version()
-            now = time.perf_counter()
-            if should_refresh(version, latest, tcfg.refresh_lag, now - last_refresh, tcfg.min_refresh_interval_s):
-                t0 = time.perf_counter()
-                snapshot = store.get_if_newer(version) or snapshot
+            t0 = time.perf_counter()
+            if tcfg.barrier:
+                if made_with == version:  # one rollout per version: wait for the learner's next one
+                    newer = store.wait_for_newer(version, timeout=POLL_S, device=device)
+                    stats.wait_params_s += time.perf_counter() - t0
+                    if newer is None:
+                        continue
+                    snapshot, version = newer, int(newer.version)
+                    stats.refreshes += 1
+            elif should_refresh(
+                version, store.latest_version(), tcfg.refresh_lag, t0 - last_refresh, tcfg.min_refresh_interval_s
+            ):
+                snapshot = store.get_if_newer(version, device) or snapshot
                 version, last_refresh = int(snapshot.version), time.perf_counter()
                 stats.refreshes += 1
-                stats.wait_params_s += time.perf_counter() - t0
+                stats.wait_params_s += last_refresh - t0
             t0 = time.perf_counter()
             key, rollout_key = jax.random.split(key)
             env_state, trajectory = rollout_fn(snapshot, env_state, rollout_key)
             jax.block_until_ready(trajectory.transitions.reward)
-            stats.rollout_s += time.perf_counter() - t0
+            made = time.perf_counter()
+            stats.rollout_s += made - t0
             if latency_ms > 0:
                 sleep = latency_ms * config.rollout.num_steps / 1000.0
                 sleep *= 1.0 + tcfg.latency_jitter * (2.0 * rng.random() - 1.0)
                 t0 = time.perf_counter()
                 stop.wait(sleep)  # sleeps outside the GIL; wakes at once on stop
                 stats.latency_s += time.perf_counter() - t0
-            if must_force_refresh(version, store.latest_version(), config.lag.max_lag):
+            if not tcfg.barrier and must_force_refresh(version, store.latest_version(), config.lag.max_lag):
                 # Forced refresh: the rollout just made is too stale; discard it (counted).
-                buffer.discard(sampler_id)
+                stats.produced += chunk_size
+                stats.discarded += chunk_size
                 stats.forced_refreshes += 1
-                snapshot = store.latest()
+                snapshot = store.get_if_newer(version, device) or snapshot
                 version, last_refresh = int(snapshot.version), time.perf_counter()
                 continue
+            chunk = jax.device_put(trajectory, shared.buffer_device)
             t0 = time.perf_counter()
             while not stop.is_set():
-                if buffer.put((sampler_id, time.perf_counter(), trajectory), timeout=0.1):
+                if buffer.put(chunk, timeout=POLL_S, tag=(sampler_id, made - shared.start)):
+                    stats.produced += chunk_size
+                    made_with = version
                     break
-                stop.wait(0.002)  # full buffer (block policy): wait outside the lock
             stats.wait_buffer_s += time.perf_counter() - t0
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
-        errors.append((f"sampler-{sampler_id}", exc, traceback.format_exc()))
-        stop.set()
+        _record_failure(shared, f"sampler-{sampler_id}", exc)
 
 
-def train_threaded(config: Config, *, progress: bool = False, on_iteration=None):
-    """Runs the threaded mode (one seed) and returns a `TrainResult`."""
-    from ppo_async.train import TrainResult, write_config
+@dataclass
+class _LearnerOutput:
+    """One learner iteration handed to the logging thread."""
 
-    if config.num_seeds != 1:
-        from ppo_async.config import ConfigError
+    row: dict[str, Any]
+    records: list[dict[str, Any]]
+    train_state: TrainState
 
-        raise ConfigError(f"num_seeds = {config.num_seeds} is invalid for mode='threaded': must be 1")
-    t_start = time.perf_counter()
+
+def _learner_loop(
+    shared: _Shared,
+    update: Callable,
+    merge: Callable,
+    place_trajectory: Callable,
+    train_state: TrainState,
+    key: jax.Array,
+    hparams: Any,
+    out: "queue.Queue[_LearnerOutput]",
+) -> None:
+    """Body of the learner thread: take chunks, update, publish, account, hand the row over."""
+    config, store, buffer, stop = shared.config, shared.store, shared.buffer, shared.stop
     tcfg = config.threaded
-    num_samplers = tcfg.num_samplers
-    lag_buckets = (config.lag.max_lag + 2) if config.lag.max_lag is not None else 16
-    _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets)
-    hparams = hyperparams_from_config(config)
-    key = jax.random.PRNGKey(config.seed)
-    param_key, env_key, run_key = jax.random.split(key, 3)
-    train_state = jax.jit(lambda k: learner.init_train_state(learner_ctx, k, rollout_ctx.env.obs_shape))(param_key)
-    rollout_fn = jax.jit(lambda snap, es, k: rollout(rollout_ctx, snap, es, k))
-    update_fn = jax.jit(lambda st, tr, k, hp: learner.ppo_update(learner_ctx, st, tr, k, hp))
-    reset = jax.jit(lambda k: envs.reset_envs(rollout_ctx.env, k, config.rollout.num_envs))
-    env_states = [reset(sampler_env_key(env_key, s)) for s in range(num_samplers)]
-    sampler_keys = jax.random.split(jax.random.fold_in(run_key, 1), num_samplers)
-    store = ParamStore(snapshot_of(train_state))
-    # Compile before the clock starts (one trace each; every sampler shares the compiled rollout).
-    _, example = rollout_fn(store.latest(), env_states[0], sampler_keys[0])
-    update_fn.lower(train_state, example, run_key, hparams).compile()
-    buffer = RingBuffer(example, tcfg.buffer_capacity, tcfg.full_policy)
-    compile_seconds = time.perf_counter() - t_start
-
-    stop = threading.Event()
-    errors: list = []
-    stats = [SamplerStats() for _ in range(num_samplers)]
-    # The buffer stores trajectories only; sampler ids and times travel through a side queue.
-    side: dict[int, list] = {}
-    side_lock = threading.Lock()
-
-    class _TaggedBuffer:
-        """Adapter: keeps (sampler_id, produced_time) in FIFO order beside the device buffer."""
-
-        def discard(self, sampler_id):
-            with side_lock:
-                stats[sampler_id].produced += config.batch_size
-                stats[sampler_id].discarded += config.batch_size
-
-        def put(self, item, timeout):
-            sampler_id, produced_time, trajectory = item
-            with side_lock:
-                ok = buffer.put(trajectory, timeout=0.0 if tcfg.full_policy == "block" else timeout)
-                if ok:
-                    stats[sampler_id].produced += config.batch_size
-                    side.setdefault(0, []).append((sampler_id, produced_time))
-                    overflow = len(side[0]) - buffer.size
-                    if overflow > 0:  # overwrite_oldest dropped the oldest chunk(s)
-                        del side[0][:overflow]
-                return ok
-
-    tagged = _TaggedBuffer()
-    threads = [
-        threading.Thread(
-            target=_sampler_loop,
-            name=f"ppo_async-sampler-{s}",
-            args=(s, config, rollout_fn, env_states[s], sampler_keys[s], store, tagged, stop, stats[s], errors),
-            daemon=True,
-        )
-        for s in range(num_samplers)
-    ]
-    writer = None
-    if config.run_dir:
-        write_config(config.run_dir, config)
-        writer = JsonlWriter(f"{config.run_dir}/metrics.jsonl")
-    schedule_records = []
-    rows: list[dict[str, Any]] = []
-    bar = Progress(config.num_iterations * config.batch_size, enabled=progress, desc=f"{config.env} threaded")
+    chunks_per_batch = tcfg.effective_chunks_per_batch
     consumed_total = dropped_stale_total = 0
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    update_key = run_key
+    last_version = 0
     try:
         for iteration in range(1, config.num_iterations + 1):
             tick = time.perf_counter()
-            trajectory = None
-            while trajectory is None:
-                if errors:
-                    break
-                if time.perf_counter() - tick > tcfg.timeout_s:
+            items: list = []
+            while len(items) < chunks_per_batch:
+                if stop.is_set():
+                    return
+                item = buffer.get_tagged(timeout=POLL_S)
+                if item is not None:
+                    items.append(item)
+                elif time.perf_counter() - tick > tcfg.timeout_s:
                     raise TimeoutError(
-                        f"learner waited {tcfg.timeout_s:.0f}s for data (threaded.timeout_s); samplers alive: "
-                        f"{[t.name for t in threads if t.is_alive()]}"
+                        f"learner waited {tcfg.timeout_s:.0f}s for data (threaded.timeout_s) at iteration {iteration}"
                     )
-                with side_lock:
-                    trajectory = buffer.get(timeout=0.0) if buffer.size else None
-                    tag = side[0].pop(0) if trajectory is not None else None
-                    if trajectory is not None:  # accounting snapshot, consistent with the puts
-                        produced = sum(s.produced for s in stats)
-                        discarded = sum(s.discarded for s in stats)
-                        overwritten = buffer.counters()["overwritten"] * config.batch_size
-                        resident = buffer.size * config.batch_size
-                if trajectory is None:
-                    time.sleep(0.001)
-            if errors:
-                break
-            waited = time.perf_counter() - tick
-            update_key, k = jax.random.split(update_key)
-            version_before = int(train_state.version)
-            t0 = time.perf_counter()
-            train_state, metrics = update_fn(train_state, trajectory, k, hparams)
-            metrics = jax.device_get(metrics)
-            busy = time.perf_counter() - t0
-            store.publish(snapshot_of(train_state))
-            now = time.perf_counter()
+            got = time.perf_counter()
+            chunks = [chunk for chunk, _ in items]
+            tags = [tag for _, tag in items]
+            if tcfg.barrier and sorted(t[0] for t in tags) != list(range(tcfg.num_samplers)):
+                raise AssertionError(f"barrier broken at iteration {iteration}: batch from samplers {[t[0] for t in tags]}")
+            trajectory = place_trajectory(merge(chunks) if len(chunks) > 1 else chunks[0])
+            key, update_key = jax.random.split(key)
+            version_before = last_version
+            train_state, metrics = update(train_state, trajectory, update_key, hparams)
+            metrics, rollout_stats, version, sgd_steps, chunk_versions = jax.device_get(
+                (
+                    metrics,
+                    trajectory.stats,
+                    train_state.version,
+                    train_state.sgd_steps,
+                    [c.transitions.policy_version[0, 0] for c in chunks],
+                )
+            )
+            last_version = int(version)
+            if last_version > version_before:
+                store.publish(snapshot_of(train_state))
+            done = time.perf_counter()
             row = {name: to_python(v) for name, v in metrics.items()}
-            row.update(to_python_dict(rollout_metrics(jax.device_get(trajectory.stats))))
+            row.update({k: to_python(v) for k, v in rollout_metrics(rollout_stats).items()})
             if row.get("nonfinite_env_values"):
                 raise NonFiniteError(
                     f"env {config.env!r} produced {row['nonfinite_env_values']} NaN/inf observations or rewards "
-                    f"(sampler {tag[0]}, iteration {iteration})"
+                    f"(samplers {[t[0] for t in tags]}, iteration {iteration})"
                 )
             consumed_total += row.pop("consumed")
             dropped_stale_total += row["dropped_stale"]
-            policy_version = int(np.asarray(trajectory.transitions.policy_version).reshape(-1)[0])
-            schedule_records.append(
-                schedule_record(iteration, tag[0], policy_version, version_before, tag[1] - start, tick - start)
-            )
+            counters = buffer.counters()
+            discarded = sum(s.discarded for s in shared.stats)
+            produced = counters["added"] * config.chunk_size + discarded
+            resident = counters["size"] * config.chunk_size
+            overwritten = counters["overwritten"] * config.chunk_size
             dropped = discarded + overwritten + dropped_stale_total
             if produced != consumed_total + dropped + resident:
                 raise AssertionError(
                     f"sample accounting broken at iteration {iteration}: produced {produced} != consumed "
                     f"{consumed_total} + dropped {dropped} + resident {resident}"
                 )
-            elapsed = now - start
+            records = [
+                schedule_record(iteration, sid, int(v), version_before, made_at, got - shared.start)
+                for (sid, made_at), v in zip(tags, chunk_versions)
+            ]
+            elapsed = done - shared.start
+            one = len(tags) == 1
             row.update(
                 seed=config.seed,
                 iteration=iteration,
-                learner_version=int(train_state.version),
-                sgd_steps=int(train_state.sgd_steps),
+                learner_version=last_version,
+                sgd_steps=int(sgd_steps),
                 env_steps=consumed_total + dropped_stale_total,
                 wall_time=elapsed,
-                steps_per_second=config.batch_size / (now - tick),
-                sampler_id=tag[0],
-                behavior_version=policy_version,
-                buffer_fill=buffer.fill,
-                learner_busy_fraction=busy / max(now - tick, 1e-9),
-                learner_wait_s=waited,
+                steps_per_second=config.batch_size / max(done - tick, 1e-9),
+                sampler_id=tags[0][0] if one else [t[0] for t in tags],
+                behavior_version=int(chunk_versions[0]) if one else [int(v) for v in chunk_versions],
+                buffer_fill=counters["size"] / buffer.capacity,
+                learner_busy_fraction=(done - got) / max(done - tick, 1e-9),
+                learner_wait_s=got - tick,
                 samples_produced=produced,
                 samples_consumed=consumed_total,
                 samples_dropped=dropped,
@@ -265,46 +347,217 @@ def train_threaded(config: Config, *, progress: bool = False, on_iteration=None)
                 dropped_forced_refresh=discarded,
                 dropped_overwritten=overwritten,
                 dropped_stale_total=dropped_stale_total,
-                sampler_steps_per_second=[s.produced / max(time.perf_counter() - start, 1e-9) for s in stats],
-                sampler_rollout_s=[s.rollout_s for s in stats],
-                sampler_wait_params_s=[s.wait_params_s for s in stats],
-                sampler_wait_buffer_s=[s.wait_buffer_s for s in stats],
-                sampler_latency_s=[s.latency_s for s in stats],
-                sampler_forced_refreshes=[s.forced_refreshes for s in stats],
+                sampler_steps_per_second=[s.produced / max(elapsed, 1e-9) for s in shared.stats],
+                sampler_rollout_s=[s.rollout_s for s in shared.stats],
+                sampler_wait_params_s=[s.wait_params_s for s in shared.stats],
+                sampler_wait_buffer_s=[s.wait_buffer_s for s in shared.stats],
+                sampler_latency_s=[s.latency_s for s in shared.stats],
+                sampler_forced_refreshes=[s.forced_refreshes for s in shared.stats],
             )
             check_finite([row], ("policy_loss", "value_loss", "entropy", "approx_kl"), iteration)
-            if writer is not None:
-                writer.write(row)
-            rows.append(row)
-            bar.update(iteration * config.batch_size, row)
-            if on_iteration is not None:
-                on_iteration([row])
-    finally:
-        stop.set()
-        buffer.close()
-        store.close()
-        for t in threads:
-            t.join(timeout=10.0)
-        bar.close()
+            out.put(_LearnerOutput(row, records, train_state))
+    except BaseException as exc:  # noqa: BLE001
+        _record_failure(shared, "learner", exc)
+
+
+# ----------------------------------------------------------------------------------------
+# The run (calling thread: set-up, logging, watching, shutdown)
+# ----------------------------------------------------------------------------------------
+
+
+def threaded_checkpoint_like(config: Config) -> ThreadedCheckpoint:
+    """Abstract (shape/dtype) `ThreadedCheckpoint` of a config, for restoring (nothing is computed)."""
+    _, rollout_ctx, learner_ctx = make_contexts(config)
+    state = jax.eval_shape(
+        lambda k: learner.init_train_state(learner_ctx, k, rollout_ctx.env.obs_shape), jax.random.PRNGKey(0)
+    )
+    return ThreadedCheckpoint(jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + x.shape, x.dtype), state))
+
+
+def _checkpoint_payload(config: Config, train_state: TrainState, row: dict[str, Any]) -> tuple[Any, dict]:
+    from ppo_async.config import config_to_dict
+
+    state = ThreadedCheckpoint(jax.tree.map(lambda x: np.asarray(x)[None], jax.device_get(train_state)))
+    meta = {
+        "config": config_to_dict(config),
+        "iteration": row["iteration"],
+        "env_steps": row["env_steps"],
+        "wall_time": row["wall_time"],
+        "samples_consumed": [row["samples_consumed"]],
+        "samples_dropped": [row["samples_dropped"]],
+        "resumable": False,
+    }
+    return state, meta
+
+
+def train_threaded(config: Config, *, progress: bool = False, on_iteration=None):
+    """Runs the threaded mode (one seed) and returns a `TrainResult`.
+
+    Raises ConfigError for a bad config (num_seeds != 1, devices), ThreadFailure (or the
+    thread's NonFiniteError) when a thread fails, TimeoutError when the learner starves for
+    `threaded.timeout_s`, and KeyboardInterrupt after a clean stop on Ctrl-C.
+    """
+    from ppo_async.checkpoint import Checkpointer
+    from ppo_async.train import TrainResult, checkpoint_dir, make_tb_writer, write_config, write_tb_rows
+
+    if config.num_seeds != 1:
+        raise ConfigError(f"num_seeds = {config.num_seeds} is invalid for mode='threaded': must be 1")
+    t_start = time.perf_counter()
+    tcfg = config.threaded
+    num_samplers = tcfg.num_samplers
+    placement = resolve_placement(config)
+    lag_buckets = (config.lag.max_lag + 2) if config.lag.max_lag is not None else 16
+    _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets)
+    hparams = hyperparams_from_config(config)
+    key = jax.random.PRNGKey(config.seed)
+    param_key, env_key, run_key = jax.random.split(key, 3)
+    update, place_state, place_trajectory = make_learner_update(config, placement, lag_buckets)
+    train_state = place_state(
+        jax.jit(lambda k: learner.init_train_state(learner_ctx, k, rollout_ctx.env.obs_shape))(param_key)
+    )
+    hparams, run_key = place_state(hparams), place_state(run_key)
+    rollout_fn = jax.jit(lambda snap, es, k: rollout(rollout_ctx, snap, es, k))
+    reset = jax.jit(lambda k: envs.reset_envs(rollout_ctx.env, k, config.rollout.num_envs))
+    devices = placement.sampler_devices
+    env_states = [jax.device_put(reset(sampler_env_key(env_key, s)), devices[s]) for s in range(num_samplers)]
+    sampler_keys = [
+        jax.device_put(k, devices[s]) for s, k in enumerate(jax.random.split(jax.random.fold_in(run_key, 1), num_samplers))
+    ]
+    store = ParamStore(snapshot_of(train_state))
+    # Compile before the clock starts: the rollout once per sampler device, the merge, the update.
+    example = None
+    for device in dict.fromkeys(devices):
+        s = devices.index(device)
+        _, example = rollout_fn(store.get_if_newer(None, device), env_states[s], sampler_keys[s])
+    example = jax.device_put(example, placement.buffer_device)
+    merge = jax.jit(lambda chunks: concat_trajectories(chunks))
+    chunks_per_batch = tcfg.effective_chunks_per_batch
+    batch_example = merge([example] * chunks_per_batch) if chunks_per_batch > 1 else example
+    update.lower(train_state, place_trajectory(batch_example), run_key, hparams).compile()
+    buffer = RingBuffer(example, tcfg.buffer_capacity, tcfg.full_policy, device=placement.buffer_device)
+    compile_seconds = time.perf_counter() - t_start
+
+    shared = _Shared(
+        config=config,
+        store=store,
+        buffer=buffer,
+        stop=threading.Event(),
+        errors=[],
+        stats=[SamplerStats() for _ in range(num_samplers)],
+        buffer_device=placement.buffer_device,
+    )
+    outputs: queue.Queue = queue.Queue()
+    threads = [
+        threading.Thread(
+            target=_sampler_loop,
+            name=f"ppo_async-sampler-{s}",
+            args=(shared, s, rollout_fn, env_states[s], sampler_keys[s], devices[s]),
+            daemon=True,
+        )
+        for s in range(num_samplers)
+    ]
+    learner_thread = threading.Thread(
+        target=_learner_loop,
+        name="ppo_async-learner",
+        args=(shared, update, merge, place_trajectory, train_state, run_key, hparams, outputs),
+        daemon=True,
+    )
+    threads.append(learner_thread)
+
+    run_dir = config.run_dir
+    writer = tb_writer = checkpointer = wandb_run = None
+    if run_dir:
+        write_config(run_dir, config)
+        for sub in (checkpoint_dir(run_dir), os.path.join(run_dir, "tb")):
+            if os.path.isdir(sub):  # a fresh run starts over
+                shutil.rmtree(sub)
+        writer = JsonlWriter(os.path.join(run_dir, "metrics.jsonl"))
+        tb_writer = make_tb_writer(run_dir, config)
+        checkpointer = Checkpointer(checkpoint_dir(run_dir), max_to_keep=config.keep_checkpoints)
+    wandb_run = open_wandb(config)
+    schedule_records: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    last: _LearnerOutput | None = None
+    saved_iteration = 0
+    bar = Progress(config.num_iterations * config.batch_size, enabled=progress, desc=f"{config.env} threaded")
+    interrupted = False
+    shared.start = time.perf_counter()
+    for t in threads:
+        t.start()
+
+    def log(item: _LearnerOutput) -> None:
+        nonlocal last, saved_iteration
+        row = item.row
+        last = item
+        rows.append(row)
+        schedule_records.extend(item.records)
         if writer is not None:
-            writer.close()
-        if config.run_dir:
-            write_schedule(f"{config.run_dir}/version_schedule.jsonl", schedule_records)
-    if errors:
-        name, exc, tb = errors[0]
-        raise ThreadFailure(f"thread {name} failed: {exc!r}\n--- traceback of {name} ---\n{tb}") from exc
+            writer.write(row)
+        if tb_writer is not None:
+            write_tb_rows(tb_writer, [row], {"seed"})
+        if wandb_run is not None:
+            wandb_run.log(scalar_items(row), step=row["env_steps"])
+        bar.update(row["env_steps"], row)
+        if checkpointer is not None and config.checkpoint_every > 0 and row["iteration"] % config.checkpoint_every == 0:
+            checkpointer.save(row["iteration"], *_checkpoint_payload(config, item.train_state, row))
+            saved_iteration = row["iteration"]
+        if on_iteration is not None:
+            on_iteration([row])
+
+    try:
+        try:
+            while learner_thread.is_alive() or not outputs.empty():
+                try:
+                    item = outputs.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                log(item)
+                if shared.errors:
+                    break
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            shared.stop.set()
+            buffer.close()
+            store.close()
+            deadline = time.monotonic() + JOIN_TIMEOUT_S
+            for t in threads:
+                t.join(timeout=max(deadline - time.monotonic(), 0.0))
+        if not shared.errors:
+            while not outputs.empty():  # rows finished before the stop still count
+                log(outputs.get_nowait())
+        if checkpointer is not None and last is not None and saved_iteration != last.row["iteration"]:
+            checkpointer.save(last.row["iteration"], *_checkpoint_payload(config, last.train_state, last.row))
+    finally:
+        bar.close()
+        for closeable in (writer, tb_writer, checkpointer):
+            if closeable is not None:
+                closeable.close()
+        if wandb_run is not None:
+            wandb_run.finish()
+        if run_dir:
+            write_schedule(os.path.join(run_dir, "version_schedule.jsonl"), schedule_records)
     stuck = [t.name for t in threads if t.is_alive()]
+    if shared.errors:
+        name, exc, tb = shared.errors[0]
+        if isinstance(exc, (NonFiniteError, ConfigError, TimeoutError)):
+            exc.add_note(f"(raised in thread ppo_async-{name})")
+            raise exc
+        raise ThreadFailure(f"thread {name} failed: {exc!r}\n--- traceback of {name} ---\n{tb}") from exc
     if stuck:
-        raise RuntimeError(f"threads did not stop within 10s: {stuck}")
+        raise RuntimeError(f"threads did not stop within {JOIN_TIMEOUT_S:.0f}s: {stuck}")
+    if interrupted:
+        raise KeyboardInterrupt(f"threaded run stopped cleanly after {len(rows)} learner iterations")
+    if run_dir:
+        from ppo_async.plots import plot_run
+
+        plot_run(run_dir)
+    final_state = last.train_state if last is not None else train_state
     return TrainResult(
         config=config,
-        train_state=jax.tree.map(lambda x: x[None], train_state),
+        train_state=jax.tree.map(lambda x: np.asarray(x)[None], jax.device_get(final_state)),
         metrics=rows,
         compile_seconds=compile_seconds,
         run_seconds=rows[-1]["wall_time"] if rows else 0.0,
-        extras={"version_schedule": schedule_records, "sampler_stats": stats},
+        extras={"version_schedule": schedule_records, "sampler_stats": shared.stats, "placement": placement},
     )
-
-
-def to_python_dict(metrics: dict) -> dict:
-    return {k: to_python(v) for k, v in metrics.items()}
