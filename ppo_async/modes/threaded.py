@@ -158,7 +158,7 @@ def make_learner_update(config: Config, placement: Placement, lag_buckets: int) 
 
 
 @dataclass
-class _Shared:
+class RunShared:
     """What the threads of one run share."""
 
     config: Config
@@ -171,13 +171,13 @@ class _Shared:
     start: float = 0.0
 
 
-def _record_failure(shared: _Shared, name: str, exc: BaseException) -> None:
+def _record_failure(shared: RunShared, name: str, exc: BaseException) -> None:
     shared.errors.append((name, exc, traceback.format_exc()))
     shared.stop.set()
 
 
-def _sampler_loop(
-    shared: _Shared, sampler_id: int, rollout_fn: Callable, env_state: Any, key: jax.Array, device: Any
+def sampler_loop(
+    shared: RunShared, sampler_id: int, rollout_fn: Callable, env_state: Any, key: jax.Array, device: Any
 ) -> None:
     """Body of one sampler thread."""
     config, store, buffer, stop = shared.config, shared.store, shared.buffer, shared.stop
@@ -241,7 +241,7 @@ def _sampler_loop(
 
 
 @dataclass
-class _LearnerOutput:
+class LearnerOutput:
     """One learner iteration handed to the logging thread."""
 
     row: dict[str, Any]
@@ -249,15 +249,15 @@ class _LearnerOutput:
     train_state: TrainState
 
 
-def _learner_loop(
-    shared: _Shared,
+def learner_loop(
+    shared: RunShared,
     update: Callable,
     merge: Callable,
     place_trajectory: Callable,
     train_state: TrainState,
     key: jax.Array,
     hparams: Any,
-    out: "queue.Queue[_LearnerOutput]",
+    out: "queue.Queue[LearnerOutput]",
 ) -> None:
     """Body of the learner thread: take chunks, update, publish, account, hand the row over."""
     config, store, buffer, stop = shared.config, shared.store, shared.buffer, shared.stop
@@ -355,7 +355,7 @@ def _learner_loop(
                 sampler_forced_refreshes=[s.forced_refreshes for s in shared.stats],
             )
             check_finite([row], ("policy_loss", "value_loss", "entropy", "approx_kl"), iteration)
-            out.put(_LearnerOutput(row, records, train_state))
+            out.put(LearnerOutput(row, records, train_state))
     except BaseException as exc:  # noqa: BLE001
         _record_failure(shared, "learner", exc)
 
@@ -437,7 +437,7 @@ def train_threaded(config: Config, *, progress: bool = False, on_iteration=None)
     buffer = RingBuffer(example, tcfg.buffer_capacity, tcfg.full_policy, device=placement.buffer_device)
     compile_seconds = time.perf_counter() - t_start
 
-    shared = _Shared(
+    shared = RunShared(
         config=config,
         store=store,
         buffer=buffer,
@@ -449,7 +449,7 @@ def train_threaded(config: Config, *, progress: bool = False, on_iteration=None)
     outputs: queue.Queue = queue.Queue()
     threads = [
         threading.Thread(
-            target=_sampler_loop,
+            target=sampler_loop,
             name=f"ppo_async-sampler-{s}",
             args=(shared, s, rollout_fn, env_states[s], sampler_keys[s], devices[s]),
             daemon=True,
@@ -457,7 +457,7 @@ def train_threaded(config: Config, *, progress: bool = False, on_iteration=None)
         for s in range(num_samplers)
     ]
     learner_thread = threading.Thread(
-        target=_learner_loop,
+        target=learner_loop,
         name="ppo_async-learner",
         args=(shared, update, merge, place_trajectory, train_state, run_key, hparams, outputs),
         daemon=True,
@@ -477,7 +477,7 @@ def train_threaded(config: Config, *, progress: bool = False, on_iteration=None)
     wandb_run = open_wandb(config)
     schedule_records: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
-    last: _LearnerOutput | None = None
+    last: LearnerOutput | None = None
     saved_iteration = 0
     bar = Progress(config.num_iterations * config.batch_size, enabled=progress, desc=f"{config.env} threaded")
     interrupted = False
@@ -485,7 +485,7 @@ def train_threaded(config: Config, *, progress: bool = False, on_iteration=None)
     for t in threads:
         t.start()
 
-    def log(item: _LearnerOutput) -> None:
+    def log(item: LearnerOutput) -> None:
         nonlocal last, saved_iteration
         row = item.row
         last = item
