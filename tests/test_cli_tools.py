@@ -117,3 +117,47 @@ def test_usage_lists_the_commands(capsys):
     out = capsys.readouterr().out
     for command in ("train", "plot", "eval", "--resume"):
         assert command in out
+
+
+class _FakeWandb:
+    """Stands in for the wandb package: records init arguments and logged rows."""
+
+    def __init__(self):
+        self.inits, self.logs, self.finished = [], [], 0
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return self
+
+    def log(self, data, step):
+        self.logs.append((step, dict(data)))
+
+    def finish(self):
+        self.finished += 1
+
+
+@pytest.mark.parametrize("mode,num_seeds", [("sync", 1), ("sync", 2), ("threaded", 1)])
+def test_wandb_logging_gets_every_iteration_when_asked_for(monkeypatch, tmp_path, mode, num_seeds):
+    import sys
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    config = Config(mode=mode, total_env_steps=3 * 64, num_seeds=num_seeds, wandb_project="lag-study", run_dir=str(tmp_path / "r"),
+                    rollout=RolloutConfig(num_envs=4, num_steps=16), ppo=PPOConfig(num_epochs=1, num_minibatches=2))
+    result = train(config)
+    assert fake.inits[0]["project"] == "lag-study" and fake.inits[0]["name"] == "r"
+    assert fake.inits[0]["config"]["rollout"]["num_envs"] == 4 and fake.finished == 1
+    assert [step for step, _ in fake.logs] == [64, 128, 192]
+    key = "approx_kl" if num_seeds == 1 else "seed_1/approx_kl"
+    expected = [r["approx_kl"] for r in result.metrics if r["seed"] == num_seeds - 1]
+    assert [data[key] for _, data in fake.logs] == pytest.approx(expected)
+
+
+def test_wandb_without_the_package_is_a_clear_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    with pytest.raises(ppo_async.ConfigError, match=r"wandb_project = 'p' needs the wandb package: pip install wandb"):
+        train(Config(total_env_steps=1024, wandb_project="p"))
+    with pytest.raises(ppo_async.ConfigError, match="wandb_project"):
+        Config(wandb_project="  ")
