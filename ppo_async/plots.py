@@ -332,6 +332,40 @@ def throughput(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
     return fig
 
 
+SAMPLER_TIME_COLUMNS = (
+    ("sampler_rollout_s", "rollout"),
+    ("sampler_wait_params_s", "waiting for params"),
+    ("sampler_wait_buffer_s", "waiting for buffer space"),
+    ("sampler_latency_s", "simulated env latency"),
+)
+
+
+def sampler_time_split(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
+    """Per sampler, where its time went (threaded runs): stacked horizontal bars of the
+    cumulative seconds in the last row's `sampler_rollout_s`, `sampler_wait_params_s`,
+    `sampler_wait_buffer_s` and `sampler_latency_s` (one bar per sampler, in that order
+    of segments: `fig.axes[0].containers[k]` is segment k)."""
+    columns = [c for c, _ in SAMPLER_TIME_COLUMNS]
+    _require(df, columns, "sampler_time_split")
+    last = df.iloc[-1]
+    seconds = np.array([[np.nan if v is None else v for v in last[c]] for c in columns], dtype=np.float64)
+    fig, ax = _figure(figsize=(7.0, 0.6 * seconds.shape[1] + 1.8))
+    samplers = np.arange(seconds.shape[1])
+    left = np.zeros(seconds.shape[1])
+    for k, (_, label) in enumerate(SAMPLER_TIME_COLUMNS):
+        ax.barh(samplers, seconds[k], left=left, color=f"C{k}", label=label)
+        left = left + np.nan_to_num(seconds[k])
+    ax.set_yticks(samplers)
+    ax.set_yticklabels([f"sampler {j}" for j in samplers])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (cumulative)")
+    ax.set_title("Sampler time split")
+    ax.legend(loc="best", fontsize="small")
+    ax.grid(alpha=0.3, axis="x")
+    _save(fig, path)
+    return fig
+
+
 def sweep_throughput_kl(df: pd.DataFrame, x: str, path: str | os.PathLike | None = None) -> Any:
     """For a sweep DataFrame with a column `x` (e.g. "num_samplers"): mean `steps_per_second`
     (left axis, `fig.axes[0].lines[0]`) and mean `approx_kl` (right axis,
@@ -387,7 +421,7 @@ def _has_values(df: pd.DataFrame, column: str, lists: bool = False) -> bool:
 def plot_run(run_dir: str | os.PathLike) -> list[str]:
     """Reads `run_dir/metrics.jsonl` and writes every applicable PNG into `run_dir`:
     learning_curve.png, kl_over_time.png, throughput.png, and lag_histogram.png /
-    kl_per_lag.png when those columns exist. A plot whose columns have no finite value yet
+    kl_per_lag.png / sampler_time.png (threaded) when those columns exist. A plot whose columns have no finite value yet
     (e.g. no episode finished) is skipped. Returns the paths written."""
     from ppo_async.metrics import read_jsonl
 
@@ -416,4 +450,6 @@ def plot_run(run_dir: str | os.PathLike) -> list[str]:
         lag_histogram(df, path=out("lag_histogram"))
     if _has_values(df, "kl_per_lag", lists=True):
         kl_per_lag(df, path=out("kl_per_lag"))
+    if all(c in df.columns for c, _ in SAMPLER_TIME_COLUMNS):
+        sampler_time_split(df, path=out("sampler_time"))
     return written

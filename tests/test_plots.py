@@ -179,6 +179,26 @@ def test_throughput_total_and_per_sampler(tmp_path):
         plots.throughput(three_seeds().drop(columns="steps_per_second"))
 
 
+def test_sampler_time_split_stacks_the_last_rows_seconds(tmp_path):
+    df = pd.DataFrame(
+        {
+            "sampler_rollout_s": [[1.0, 1.0], [2.0, 1.5]],
+            "sampler_wait_params_s": [[0.0, 0.0], [0.5, 0.0]],
+            "sampler_wait_buffer_s": [[0.0, 0.0], [0.25, None]],
+            "sampler_latency_s": [[0.0, 3.0], [1.0, 6.0]],
+        }
+    )
+    fig = plots.sampler_time_split(df, path=tmp_path / "st.png")
+    assert_png(tmp_path / "st.png")
+    bars = fig.axes[0].containers
+    assert [c.get_label() for c in bars] == ["rollout", "waiting for params", "waiting for buffer space", "simulated env latency"]
+    np.testing.assert_allclose([r.get_width() for r in bars[0]], [2.0, 1.5])
+    np.testing.assert_allclose([r.get_x() for r in bars[3]], [2.75, 1.5])  # stacked after the earlier segments
+    np.testing.assert_allclose([r.get_width() for r in bars[3]], [1.0, 6.0])
+    with pytest.raises(ValueError, match="sampler_latency_s"):
+        plots.sampler_time_split(df.drop(columns="sampler_latency_s"))
+
+
 def test_sweep_throughput_kl_twin_axes(tmp_path):
     rows = []
     for n, (sps, kl) in {1: (100.0, 0.001), 2: (180.0, 0.004), 4: (300.0, 0.012), 8: (400.0, 0.04)}.items():

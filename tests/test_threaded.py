@@ -83,7 +83,7 @@ def test_run_dir_has_tensorboard_plots_and_a_loadable_checkpoint(run):
     config, result, run_dir = run
     assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tb").iterdir())
     # (no Pendulum episode ends within this short run, so there is no learning curve)
-    for png in ("kl_over_time", "lag_histogram", "kl_per_lag", "throughput"):
+    for png in ("kl_over_time", "lag_histogram", "kl_per_lag", "throughput", "sampler_time"):
         assert (run_dir / f"{png}.png").stat().st_size > 0, png
     policy = pa.load(run_dir)
     assert policy.iteration == 30
