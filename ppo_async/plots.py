@@ -27,6 +27,7 @@ __all__ = [
     "kl_per_lag",
     "throughput",
     "sweep_throughput_kl",
+    "sampler_time_split",
     "plot_run",
     "seed_quantiles",
     "summed_lag_histogram",
@@ -238,7 +239,8 @@ def summed_lag_histogram(df: pd.DataFrame) -> np.ndarray:
 
 
 def lag_histogram(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
-    """Bar chart of the consumed samples per lag, summed over all rows (iterations, seeds).
+    """Bar chart of the samples of consumed batches per lag (including those the stale filter
+    dropped), summed over all rows (iterations, seeds).
 
     Bar i of `fig.axes[0].patches` has the height of the summed count for lag i.
     """
@@ -248,7 +250,7 @@ def lag_histogram(df: pd.DataFrame, path: str | os.PathLike | None = None) -> An
     fig, ax = _figure()
     ax.bar(lags, counts, color="C2", width=0.8)
     ax.set_xlabel("lag (learner version at consumption - policy version)")
-    ax.set_ylabel("consumed samples")
+    ax.set_ylabel("samples in consumed batches")
     mean = float((lags * counts).sum() / total) if total > 0 else math.nan
     ax.set_title(f"Lag histogram ({int(total):,} samples, mean lag {mean:.2f})")
     ax.set_xticks(lags if len(lags) <= 32 else lags[:: max(1, len(lags) // 16)])

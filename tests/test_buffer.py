@@ -283,3 +283,15 @@ def test_param_store_wait_for_newer():
     store.close()
     waiter.join(timeout=1.0)
     assert not waiter.is_alive() and got["c"] is None
+
+
+def test_warm_up_compiles_put_and_get_without_touching_the_buffer():
+    chunk = {"x": jnp.arange(6.0).reshape(2, 3)}
+    ring = RingBuffer(chunk, 3, "block")
+    ring.warm_up(chunk)
+    assert ring.trace_counts == {"add": 1, "take": 1}
+    assert ring.counters() == {"added": 0, "taken": 0, "overwritten": 0, "size": 0}
+    assert ring.device_counters() == {"added": 0, "taken": 0, "overwritten": 0, "size": 0}
+    assert ring.put(chunk, timeout=0.0)
+    np.testing.assert_array_equal(ring.get(timeout=0.0)["x"], chunk["x"])
+    assert ring.trace_counts == {"add": 1, "take": 1}  # the warm-up's compiles were reused

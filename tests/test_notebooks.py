@@ -19,7 +19,7 @@ pytest.importorskip("ipykernel")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(REPO_ROOT, "notebooks")
 KERNEL_NAME = "ppo-async-test"
-TEST_BUDGET = 20_000  # env steps per seed (default budgets: 60k quickstart, 100k sweep)
+TEST_BUDGET = 20_000  # env steps per seed (default budgets: 60k quickstart, 100k sweep, 150k per threaded run)
 
 
 @pytest.fixture
@@ -115,3 +115,33 @@ def test_lag_sweep(kernel_name, tmp_path):
     assert count_mime(nb, "text/html") >= 2  # head and the groupby table
     assert count_mime(nb, "image/png") >= 4  # return/KL vs K, learning curves, kl_per_lag, lag histogram
     print(f"02_lag_sweep at {TEST_BUDGET} env steps: {seconds:.1f} s")
+
+
+def test_threaded_async(kernel_name, tmp_path):
+    nb = load_with_budget("03_threaded_async.ipynb", TEST_BUDGET)
+    seconds = execute(nb, kernel_name, tmp_path)
+    assert_clean(nb, "03_threaded_async")
+    text = text_of(nb)
+    for run in ("async", "barrier", "async_max_lag_1"):
+        m = re.search(rf"^{run}: (\d+) learner iterations", text, re.M)
+        assert m and int(m.group(1)) > 0, text
+        # the notebook asserts produced = consumed + dropped + resident on every row, then prints this
+        m = re.search(rf"^{run}: accounting identity produced = consumed \+ dropped \+ resident holds on all (\d+) rows", text, re.M)
+        assert m and int(m.group(1)) > 0, text
+    assert re.search(r"^barrier: every consumed sample had lag 0 \([1-9]\d* batches of 4 rollouts", text, re.M), text
+    # per-sampler time split, for the async run and the barrier run
+    assert re.search(r"^async: straggler \(sampler 3\) \d+% in simulated latency", text, re.M), text
+    assert re.search(r"^barrier: straggler \(sampler 3\) \d+% in simulated latency", text, re.M), text
+    assert "forced refreshes per sampler: [" in text
+    # the async-vs-barrier table: one row per run, throughput and KL columns
+    tables = [
+        out.data["text/plain"]
+        for out in outputs(nb)
+        if out.output_type == "execute_result" and "text/html" in out.data and "env steps/s" in out.data.get("text/plain", "")
+    ]
+    assert len(tables) == 1, tables
+    for label in ("async", "barrier", "async, max_lag=1", "mean approx_kl", "produced/s"):
+        assert label in tables[0], tables[0]
+    assert count_mime(nb, "text/html") >= 5  # lag columns, per-sampler lag, time split, drops, comparison
+    assert count_mime(nb, "image/png") >= 8  # lag hist, kl_per_lag, throughput, 2 time splits, max_lag hist, 2 learning curves
+    print(f"03_threaded_async at {TEST_BUDGET} env steps: {seconds:.1f} s")

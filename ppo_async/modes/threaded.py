@@ -435,6 +435,7 @@ def train_threaded(config: Config, *, progress: bool = False, on_iteration=None)
     batch_example = merge([example] * chunks_per_batch) if chunks_per_batch > 1 else example
     update.lower(train_state, place_trajectory(batch_example), run_key, hparams).compile()
     buffer = RingBuffer(example, tcfg.buffer_capacity, tcfg.full_policy, device=placement.buffer_device)
+    buffer.warm_up(example)
     compile_seconds = time.perf_counter() - t_start
 
     shared = RunShared(
