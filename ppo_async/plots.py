@@ -242,7 +242,8 @@ def lag_histogram(df: pd.DataFrame, path: str | os.PathLike | None = None) -> An
     """Bar chart of the samples of consumed batches per lag (including those the stale filter
     dropped), summed over all rows (iterations, seeds).
 
-    Bar i of `fig.axes[0].patches` has the height of the summed count for lag i.
+    Bar i of `fig.axes[0].patches` has the height of the summed count for lag i; the last
+    bucket holds every lag >= its index (its tick reads "\u2265H-1").
     """
     counts = summed_lag_histogram(df)
     lags = np.arange(len(counts))
@@ -253,10 +254,20 @@ def lag_histogram(df: pd.DataFrame, path: str | os.PathLike | None = None) -> An
     ax.set_ylabel("samples in consumed batches")
     mean = float((lags * counts).sum() / total) if total > 0 else math.nan
     ax.set_title(f"Lag histogram ({int(total):,} samples, mean lag {mean:.2f})")
-    ax.set_xticks(lags if len(lags) <= 32 else lags[:: max(1, len(lags) // 16)])
+    _lag_ticks(ax, len(lags))
     ax.grid(alpha=0.3, axis="y")
     _save(fig, path)
     return fig
+
+
+def _lag_ticks(ax: Any, num_buckets: int) -> None:
+    """Lag ticks; the last bucket also holds every larger lag, so it reads ">=H-1"."""
+    if num_buckets == 0:
+        return
+    lags = np.arange(num_buckets)
+    ticks = lags if num_buckets <= 32 else np.unique(np.append(lags[:: max(1, num_buckets // 16)], lags[-1]))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) if t < num_buckets - 1 else f"\u2265{t}" for t in ticks])
 
 
 def mean_kl_per_lag(df: pd.DataFrame) -> np.ndarray:
@@ -287,7 +298,7 @@ def kl_per_lag(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
     ax.set_title("KL per lag" + (f" (no samples at lag {', '.join(map(str, lags[~ok]))})" if (~ok).any() and (~ok).sum() <= 8 else ""))
     if len(lags):
         ax.set_xlim(-0.6, len(lags) - 0.4)
-        ax.set_xticks(lags if len(lags) <= 32 else lags[:: max(1, len(lags) // 16)])
+        _lag_ticks(ax, len(lags))
     ax.legend(loc="best", fontsize="small")
     ax.grid(alpha=0.3, axis="y")
     _save(fig, path)

@@ -140,6 +140,8 @@ def test_lag_histogram_bar_heights(tmp_path):
     assert [p.get_height() for p in patches] == [8, 5, 2, 3]
     np.testing.assert_allclose([p.get_x() + p.get_width() / 2 for p in patches], [0, 1, 2, 3])
     assert "18 samples" in fig.axes[0].get_title()
+    # the last bucket holds every larger lag
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0", "1", "2", "\u22653"]
     with pytest.raises(ValueError, match=r"lag_histogram.*\['lag_histogram'\].*columns present"):
         plots.lag_histogram(pd.DataFrame(seed_rows(0, [1.0] * 4)))
     with pytest.raises(ValueError, match="no list-valued rows"):

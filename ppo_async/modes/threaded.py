@@ -23,10 +23,12 @@ is named and joined; every blocking call has a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
-import shutil
 import random
+import shutil
+import signal
 import threading
 import time
 import traceback
@@ -220,6 +222,7 @@ def sampler_loop(
                 t0 = time.perf_counter()
                 stop.wait(sleep)  # sleeps outside the GIL; wakes at once on stop
                 stats.latency_s += time.perf_counter() - t0
+                made = time.perf_counter()  # the chunk is delivered after its env latency
             if not tcfg.barrier and must_force_refresh(version, store.latest_version(), config.lag.max_lag):
                 # Forced refresh: the rollout just made is too stale; discard it (counted).
                 stats.produced += chunk_size
@@ -365,6 +368,28 @@ def learner_loop(
 # ----------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _ctrl_c_sets(event: threading.Event):
+    """While active (main thread only), the first Ctrl-C sets `event` instead of raising
+    KeyboardInterrupt at an arbitrary line (which could tear a metrics row); a second one
+    raises as usual. Elsewhere it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        if event.is_set() and callable(previous):
+            previous(signum, frame)
+        event.set()
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def threaded_checkpoint_like(config: Config) -> ThreadedCheckpoint:
     """Abstract (shape/dtype) `ThreadedCheckpoint` of a config, for restoring (nothing is computed)."""
     _, rollout_ctx, learner_ctx = make_contexts(config)
@@ -505,17 +530,20 @@ def train_threaded(config: Config, *, progress: bool = False, on_iteration=None)
         if on_iteration is not None:
             on_iteration([row])
 
+    ctrl_c = threading.Event()
     try:
         try:
-            while learner_thread.is_alive() or not outputs.empty():
-                try:
-                    item = outputs.get(timeout=POLL_S)
-                except queue.Empty:
-                    continue
-                log(item)
-                if shared.errors:
-                    break
-        except KeyboardInterrupt:
+            with _ctrl_c_sets(ctrl_c):
+                while (learner_thread.is_alive() or not outputs.empty()) and not ctrl_c.is_set():
+                    try:
+                        item = outputs.get(timeout=POLL_S)
+                    except queue.Empty:
+                        continue
+                    log(item)
+                    if shared.errors:
+                        break
+            interrupted = ctrl_c.is_set()
+        except KeyboardInterrupt:  # raised by a callback, or outside the main thread
             interrupted = True
         finally:
             shared.stop.set()
