@@ -149,7 +149,7 @@ def threaded_config(args: Args, variant: str, seed: int) -> pa.Config:
             num_samplers=args.num_samplers,
             barrier=barrier,
             chunks_per_batch=cpb,
-            buffer_capacity=args.buffer_batches * cpb,
+            buffer_capacity=args.buffer_batches * cpb * args.num_envs * steps,  # transitions
             sampler_step_latency_ms=args.latency_ms,
             latency_jitter=args.latency_jitter,
         ),

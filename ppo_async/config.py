@@ -301,8 +301,8 @@ class ThreadedConfig:
     """A sampler pulls new params only when at least this many versions behind."""
     min_refresh_interval_s: float = 0.0
     """... and no more often than this (seconds)."""
-    buffer_capacity: int = 4
-    """Ring-buffer capacity in rollout chunks (of num_envs * num_steps transitions each)."""
+    buffer_capacity: int = 4096
+    """Ring-buffer capacity in transitions: a whole number of rollout chunks (num_envs * num_steps each; default 4 chunks of 16 x 64)."""
     full_policy: Literal["overwrite_oldest", "block"] = "block"
     """What a full buffer does to a producer: overwrite the oldest chunk (counted) or block."""
     sampler_step_latency_ms: tuple[float, ...] = ()
@@ -349,12 +349,6 @@ class ThreadedConfig:
                     "threaded.chunks_per_batch", self.chunks_per_batch,
                     f"must equal threaded.num_samplers = {self.num_samplers} with barrier=True (one rollout per sampler), or be None",
                 )
-        if self.barrier and self.full_policy == "overwrite_oldest" and self.buffer_capacity < self.num_samplers:
-            _fail(
-                "threaded.buffer_capacity", self.buffer_capacity,
-                f"must be >= threaded.num_samplers = {self.num_samplers} with barrier=True and full_policy='overwrite_oldest' "
-                "(an overwritten rollout would never be replaced)",
-            )
         for name in ("sampler_devices", "learner_devices"):
             devices = getattr(self, name)
             if not isinstance(devices, (tuple, list)) or not all(
@@ -423,12 +417,33 @@ class Config:
                 self.ppo.num_minibatches,
                 f"must divide the learner batch ({self._batch_formula()} = {self.batch_size})",
             )
+        if self.mode == "threaded":
+            self._check_buffer_capacity()
         if self.total_env_steps < self.batch_size:
             _fail(
                 "total_env_steps",
                 self.total_env_steps,
                 f"must be at least one learner batch ({self._batch_formula()} = {self.batch_size})",
             )
+
+    def _check_buffer_capacity(self) -> None:
+        tcfg = self.threaded
+        if tcfg.buffer_capacity % self.chunk_size != 0:
+            _fail(
+                "threaded.buffer_capacity", tcfg.buffer_capacity,
+                f"must be a whole number of rollout chunks (rollout.num_envs * rollout.num_steps = {self.chunk_size} transitions each)",
+            )
+        if tcfg.barrier and tcfg.full_policy == "overwrite_oldest" and self.buffer_capacity_chunks < tcfg.num_samplers:
+            _fail(
+                "threaded.buffer_capacity", tcfg.buffer_capacity,
+                f"must hold >= threaded.num_samplers = {tcfg.num_samplers} chunks ({tcfg.num_samplers * self.chunk_size} "
+                "transitions) with barrier=True and full_policy='overwrite_oldest' (an overwritten rollout would never be replaced)",
+            )
+
+    @property
+    def buffer_capacity_chunks(self) -> int:
+        """Ring-buffer slots: threaded.buffer_capacity / (num_envs * num_steps)."""
+        return self.threaded.buffer_capacity // self.chunk_size
 
     def _batch_formula(self) -> str:
         if self.mode == "threaded" and self.threaded.effective_chunks_per_batch > 1:

@@ -59,8 +59,13 @@ def test_barrier_and_chunk_config_rules():
     assert threaded(num_samplers=3).batch_size == 1024
     with pytest.raises(pa.ConfigError, match=r"threaded.chunks_per_batch.*num_samplers = 3"):
         pa.ThreadedConfig(num_samplers=3, barrier=True, chunks_per_batch=2)
-    with pytest.raises(pa.ConfigError, match=r"threaded.buffer_capacity"):
-        pa.ThreadedConfig(num_samplers=4, barrier=True, buffer_capacity=2, full_policy="overwrite_oldest")
+    with pytest.raises(pa.ConfigError, match=r"threaded.buffer_capacity = 2048 .*must hold >= threaded.num_samplers = 4 chunks"):
+        pa.Config(mode="threaded", total_env_steps=8192, threaded=pa.ThreadedConfig(
+            num_samplers=4, barrier=True, buffer_capacity=2048, full_policy="overwrite_oldest"))
+    with pytest.raises(pa.ConfigError, match=r"threaded.buffer_capacity = 1000 .*whole number of rollout chunks.*1024"):
+        pa.Config(mode="threaded", threaded=pa.ThreadedConfig(buffer_capacity=1000))
+    pa.Config(mode="sync", threaded=pa.ThreadedConfig(buffer_capacity=1000))  # only checked in threaded mode
+    assert pa.Config(mode="threaded", threaded=pa.ThreadedConfig(buffer_capacity=3072)).buffer_capacity_chunks == 3
     with pytest.raises(pa.ConfigError, match=r"total_env_steps.*chunks_per_batch"):
         pa.Config(mode="threaded", total_env_steps=2048, threaded=pa.ThreadedConfig(num_samplers=4, barrier=True))
 

@@ -149,7 +149,7 @@ def test_max_lag_forces_refreshes_and_filters_stale_samples():
     config = small(
         total_env_steps=128 * 20,
         lag=pa.LagConfig(max_lag=0),
-        threaded=ThreadedConfig(num_samplers=4, buffer_capacity=8, full_policy="overwrite_oldest"),
+        threaded=ThreadedConfig(num_samplers=4, buffer_capacity=8 * 128, full_policy="overwrite_oldest"),
     )
     rows = pa.train(config).metrics
     last = rows[-1]

@@ -75,7 +75,6 @@ class SamplerStats:
     wait_params_s: float = 0.0
     wait_buffer_s: float = 0.0
     latency_s: float = 0.0
-    started: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(frozen=True)
@@ -143,15 +142,24 @@ def make_learner_update(config: Config, placement: Placement, lag_buckets: int) 
 
     One device: plain `jit(ppo_update)` (data parallelism over a single device only costs;
     see MEASURED). Several: `learner.data_parallel_update` (shard_map, gradients averaged).
+    The update's metrics also hold the consumed rollout's episode metrics (`rollout_metrics`),
+    so the learner thread fetches everything in one transfer and runs no eager device ops.
     """
     devices = placement.learner_devices
     if len(devices) == 1:
         _, _, ctx = make_contexts(config, lag_buckets=lag_buckets)
-        update = jax.jit(lambda st, tr, k, hp: learner.ppo_update(ctx, st, tr, k, hp))
-        place = lambda tree: jax.device_put(tree, devices[0])  # noqa: E731
-        return update, place, place
-    _, _, ctx = make_contexts(config, lag_buckets=lag_buckets, axis_name=LEARNER_AXIS)
-    return learner.data_parallel_update(ctx, devices)
+        base = lambda st, tr, k, hp: learner.ppo_update(ctx, st, tr, k, hp)  # noqa: E731
+        place_state = lambda tree: jax.device_put(tree, devices[0])  # noqa: E731
+        place_trajectory = lambda tree: tree  # noqa: E731 - chunks already live on the buffer device = devices[0]
+    else:
+        _, _, ctx = make_contexts(config, lag_buckets=lag_buckets, axis_name=LEARNER_AXIS)
+        base, place_state, place_trajectory = learner.data_parallel_update(ctx, devices)
+
+    def update(state, trajectory, key, hparams):
+        state, metrics = base(state, trajectory, key, hparams)
+        return state, {**metrics, **rollout_metrics(trajectory.stats)}
+
+    return jax.jit(update), place_state, place_trajectory
 
 
 # ----------------------------------------------------------------------------------------
@@ -170,7 +178,7 @@ class RunShared:
     errors: list  # (thread name, exception, formatted traceback)
     stats: list[SamplerStats]
     buffer_device: Any
-    start: float = 0.0
+    start: float = field(default_factory=time.perf_counter)  # reset when the threads start
 
 
 def _record_failure(shared: RunShared, name: str, exc: BaseException) -> None:
@@ -188,6 +196,7 @@ def sampler_loop(
     chunk_size = config.chunk_size
     try:
         latency_ms = tcfg.sampler_step_latency_ms[sampler_id] if tcfg.sampler_step_latency_ms else 0.0
+        same_device = device == shared.buffer_device
         rng = random.Random(config.seed * 1000 + sampler_id)
         snapshot = store.get_if_newer(None, device)
         version = int(snapshot.version)
@@ -231,10 +240,11 @@ def sampler_loop(
                 snapshot = store.get_if_newer(version, device) or snapshot
                 version, last_refresh = int(snapshot.version), time.perf_counter()
                 continue
-            chunk = jax.device_put(trajectory, shared.buffer_device)
+            # to the buffer's device (a no-op put costs ~0.15 ms per chunk: skip it on one device)
+            chunk = trajectory if same_device else jax.device_put(trajectory, shared.buffer_device)
             t0 = time.perf_counter()
             while not stop.is_set():
-                if buffer.put(chunk, timeout=POLL_S, tag=(sampler_id, made - shared.start)):
+                if buffer.put(chunk, timeout=POLL_S, tag=(sampler_id, made - shared.start, version)):
                     stats.produced += chunk_size
                     made_with = version
                     break
@@ -291,21 +301,13 @@ def learner_loop(
             key, update_key = jax.random.split(key)
             version_before = last_version
             train_state, metrics = update(train_state, trajectory, update_key, hparams)
-            metrics, rollout_stats, version, sgd_steps, chunk_versions = jax.device_get(
-                (
-                    metrics,
-                    trajectory.stats,
-                    train_state.version,
-                    train_state.sgd_steps,
-                    [c.transitions.policy_version[0, 0] for c in chunks],
-                )
-            )
+            metrics, version, sgd_steps = jax.device_get((metrics, train_state.version, train_state.sgd_steps))
+            chunk_versions = [t[2] for t in tags]  # the sampler's snapshot version, known on the host
             last_version = int(version)
             if last_version > version_before:
                 store.publish(snapshot_of(train_state))
             done = time.perf_counter()
             row = {name: to_python(v) for name, v in metrics.items()}
-            row.update({k: to_python(v) for k, v in rollout_metrics(rollout_stats).items()})
             if row.get("nonfinite_env_values"):
                 raise NonFiniteError(
                     f"env {config.env!r} produced {row['nonfinite_env_values']} NaN/inf observations or rewards "
@@ -326,7 +328,7 @@ def learner_loop(
                 )
             records = [
                 schedule_record(iteration, sid, int(v), version_before, made_at, got - shared.start)
-                for (sid, made_at), v in zip(tags, chunk_versions)
+                for sid, made_at, v in tags
             ]
             elapsed = done - shared.start
             one = len(tags) == 1
@@ -459,7 +461,7 @@ def train_threaded(config: Config, *, progress: bool = False, on_iteration=None)
     chunks_per_batch = tcfg.effective_chunks_per_batch
     batch_example = merge([example] * chunks_per_batch) if chunks_per_batch > 1 else example
     update.lower(train_state, place_trajectory(batch_example), run_key, hparams).compile()
-    buffer = RingBuffer(example, tcfg.buffer_capacity, tcfg.full_policy, device=placement.buffer_device)
+    buffer = RingBuffer(example, config.buffer_capacity_chunks, tcfg.full_policy, device=placement.buffer_device)
     buffer.warm_up(example)
     compile_seconds = time.perf_counter() - t_start
 
