@@ -291,6 +291,9 @@ class LagConfig:
         return self.num_samplers
 
 
+DEFAULT_BUFFER_CHUNKS = 4
+
+
 @dataclass(frozen=True)
 class ThreadedConfig:
     """Threaded mode: real sampler threads, a device ring buffer and a learner (lag emerges from timing)."""
@@ -301,8 +304,8 @@ class ThreadedConfig:
     """A sampler pulls new params only when at least this many versions behind."""
     min_refresh_interval_s: float = 0.0
     """... and no more often than this (seconds)."""
-    buffer_capacity: int = 4096
-    """Ring-buffer capacity in transitions: a whole number of rollout chunks (num_envs * num_steps each; default 4 chunks of 16 x 64)."""
+    buffer_capacity: int | None = None
+    """Ring-buffer capacity in transitions, a whole number of rollout chunks (num_envs * num_steps each); None = 4 chunks."""
     full_policy: Literal["overwrite_oldest", "block"] = "block"
     """What a full buffer does to a producer: overwrite the oldest chunk (counted) or block."""
     sampler_step_latency_ms: tuple[float, ...] = ()
@@ -324,7 +327,8 @@ class ThreadedConfig:
         _check_int("threaded.num_samplers", self.num_samplers, 1)
         _check_int("threaded.refresh_lag", self.refresh_lag, 1)
         _check_non_negative("threaded.min_refresh_interval_s", self.min_refresh_interval_s)
-        _check_int("threaded.buffer_capacity", self.buffer_capacity, 1)
+        if self.buffer_capacity is not None:
+            _check_int("threaded.buffer_capacity", self.buffer_capacity, 1)
         if self.full_policy not in ("overwrite_oldest", "block"):
             _fail("threaded.full_policy", self.full_policy, "must be 'overwrite_oldest' or 'block'")
         lat = self.sampler_step_latency_ms
@@ -428,21 +432,23 @@ class Config:
 
     def _check_buffer_capacity(self) -> None:
         tcfg = self.threaded
-        if tcfg.buffer_capacity % self.chunk_size != 0:
+        if tcfg.buffer_capacity is not None and tcfg.buffer_capacity % self.chunk_size != 0:
             _fail(
                 "threaded.buffer_capacity", tcfg.buffer_capacity,
                 f"must be a whole number of rollout chunks (rollout.num_envs * rollout.num_steps = {self.chunk_size} transitions each)",
             )
         if tcfg.barrier and tcfg.full_policy == "overwrite_oldest" and self.buffer_capacity_chunks < tcfg.num_samplers:
             _fail(
-                "threaded.buffer_capacity", tcfg.buffer_capacity,
+                "threaded.buffer_capacity", tcfg.buffer_capacity or self.buffer_capacity_chunks * self.chunk_size,
                 f"must hold >= threaded.num_samplers = {tcfg.num_samplers} chunks ({tcfg.num_samplers * self.chunk_size} "
                 "transitions) with barrier=True and full_policy='overwrite_oldest' (an overwritten rollout would never be replaced)",
             )
 
     @property
     def buffer_capacity_chunks(self) -> int:
-        """Ring-buffer slots: threaded.buffer_capacity / (num_envs * num_steps)."""
+        """Ring-buffer slots: threaded.buffer_capacity / (num_envs * num_steps), 4 by default."""
+        if self.threaded.buffer_capacity is None:
+            return DEFAULT_BUFFER_CHUNKS
         return self.threaded.buffer_capacity // self.chunk_size
 
     def _batch_formula(self) -> str:
