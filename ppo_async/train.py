@@ -62,6 +62,26 @@ class TrainResult:
         """Final network params, stacked over seeds."""
         return self.train_state.params
 
+    def policy(self, seed_index: int = 0) -> Any:
+        """The final `Policy` of seed `seed_index` (for `ppo_async.evaluate`), no checkpoint needed."""
+        from ppo_async.envs import make_env
+        from ppo_async.networks import make_actor_critic
+        from ppo_async.policy import Policy
+
+        if not isinstance(seed_index, int) or not 0 <= seed_index < self.config.num_seeds:
+            raise ConfigError(f"seed_index = {seed_index!r} is invalid: the run has {self.config.num_seeds} seed(s)")
+        state = jax.tree.map(lambda x: x[seed_index], self.train_state)
+        env = make_env(self.config.env)
+        return Policy(
+            config=self.config,
+            env=env,
+            network=make_actor_critic(env, self.config.network),
+            params=state.params,
+            obs_stats=state.obs_stats,
+            iteration=int(state.version),
+            seed_index=seed_index,
+        )
+
     def final_returns(self, last_fraction: float = 0.1) -> np.ndarray:
         """Per seed: mean episode return over the last `last_fraction` of iterations."""
         df = self.to_dataframe()

@@ -161,3 +161,18 @@ def test_wandb_without_the_package_is_a_clear_error(monkeypatch):
         train(Config(total_env_steps=1024, wandb_project="p"))
     with pytest.raises(ppo_async.ConfigError, match="wandb_project"):
         Config(wandb_project="  ")
+
+
+def test_train_result_policy_equals_the_checkpointed_policy(tmp_path):
+    import jax
+
+    config = Config(env="Pendulum-v1", num_seeds=2, total_env_steps=128, run_dir=str(tmp_path / "r"),
+                    rollout=RolloutConfig(num_envs=4, num_steps=16), ppo=PPOConfig(num_epochs=1, num_minibatches=2))
+    result = train(config)
+    mine, saved = result.policy(1), ppo_async.load(tmp_path / "r", seed_index=1)
+    assert mine.iteration == saved.iteration == 2
+    for a, b in zip(jax.tree.leaves((mine.params, mine.obs_stats)), jax.tree.leaves((saved.params, saved.obs_stats))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(ppo_async.evaluate(mine, 2)["returns"], ppo_async.evaluate(saved, 2)["returns"])
+    with pytest.raises(ppo_async.ConfigError, match="seed_index"):
+        result.policy(2)
