@@ -14,9 +14,10 @@ Writes experiments/results/bench_sweep/<backend>.json and .txt.
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds
+from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
+enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
 
 import dataclasses
 import json

@@ -16,9 +16,10 @@ bucket; prints the table quoted in README.
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds
+from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
+enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
 
 import dataclasses
 import os
@@ -28,6 +29,7 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
+from ppo_async import analysis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,20 +53,12 @@ class Args:
     out: str | None = None
 
 
-def steps_to_threshold(group: pd.DataFrame, threshold: float) -> float:
-    hit = group[group.episode_return.astype(float) >= threshold]
-    return float(hit.env_steps.iloc[0]) if len(hit) else float("nan")
-
-
 def summarise(df: pd.DataFrame, threshold: float) -> pd.DataFrame:
     """One row per (variant, K): final return, steps to threshold, KL, clip fractions."""
     out = []
     for (variant, lag), group in df.groupby(["variant", "lag.K"], sort=False):
-        finals, steps = [], []
-        for _, seed_rows in group.groupby("seed"):
-            tail = seed_rows.tail(max(1, len(seed_rows) // 10))
-            finals.append(float(tail.episode_return.astype(float).mean()))
-            steps.append(steps_to_threshold(seed_rows, threshold))
+        finals = analysis.final_returns(group, 0.1).tolist()  # per seed
+        steps = analysis.steps_to_threshold(group, threshold).tolist()
         reached = [s for s in steps if np.isfinite(s)]
         out.append(
             {

@@ -14,9 +14,10 @@ threshold. Writes OUT/curves.csv, OUT/return_vs_steps.png, OUT/summary.json.
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds
+from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
+enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
 
 import dataclasses
 import json
@@ -27,6 +28,7 @@ import numpy as np
 import tyro
 
 import ppo_async as pa
+from ppo_async import analysis
 
 DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "CartPole-v1": 475.0, "Acrobot-v1": -100.0}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,11 +63,8 @@ def parse_value(text: str):
 
 def steps_to_threshold(df, threshold: float) -> dict[int, int | None]:
     """Per seed: env steps of the first iteration whose mean finished-episode return >= threshold."""
-    out = {}
-    for seed, group in df.groupby("seed", sort=True):
-        hit = group[group.episode_return.astype(float) >= threshold]
-        out[int(seed)] = int(hit.env_steps.iloc[0]) if len(hit) else None
-    return out
+    steps = analysis.steps_to_threshold(df, threshold)
+    return {int(seed): None if np.isnan(s) else int(s) for seed, s in steps.items()}
 
 
 def plot_curves(df, threshold: float, title: str, path: str) -> None:

@@ -58,9 +58,10 @@ kl_per_lag_async, kl_per_lag_simulated.
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds
+from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
+enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
 
 import dataclasses
 import json
@@ -79,7 +80,7 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async import plots
+from ppo_async import analysis, plots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = ("barrier", "async", "simulated", "async_cpb4", "simulated_lag0")
@@ -125,7 +126,8 @@ class Args:
     """Output folder; default experiments/results/sync_vs_async (quick: TMP/sync_vs_async_quick)."""
     compile_cache: str | None = os.path.join(tempfile.gettempdir(), "ppo_async_jax_cache")
     """JAX persistent compilation cache (compile time is outside every wall-clock figure; this
-    only shortens the script). None disables it."""
+    only shortens the script). None: the entry-point default (`enable_compilation_cache()`,
+    `$PPO_ASYNC_COMPILATION_CACHE`)."""
 
 
 # ---------------------------------------------------------------------------- configs
@@ -191,40 +193,13 @@ def evaluate_final(result: pa.TrainResult, num_episodes: int, seed: int) -> list
     """Per seed of `result`: mean deterministic return of the learner's final params over
     `num_episodes` fresh episodes (`pa.evaluate`). Unlike the `episode_return` of the rows (the
     behaviour policy of the consumed batch, up to `lag` versions old) this is the learner's policy."""
-    config = result.config
-    env = pa.make_env(config.env)
-    network = pa.make_actor_critic(env, config.network)
-    state = result.train_state
-    out = []
-    for i in range(config.num_seeds):
-        policy = pa.Policy(
-            config=config,
-            env=env,
-            network=network,
-            params=jax.tree.map(lambda x: x[i], state.params),
-            obs_stats=jax.tree.map(lambda x: x[i], state.obs_stats),
-            iteration=int(np.asarray(state.version)[i]),
-            seed_index=i,
-        )
-        out.append(float(pa.evaluate(policy, num_episodes, seed=seed + 10_000).get("returns").mean()))
-    return out
+    return [
+        float(pa.evaluate(result.policy(i), num_episodes, seed=seed + 10_000).get("returns").mean())
+        for i in range(result.config.num_seeds)
+    ]
 
 
 # ---------------------------------------------------------------------------- summary
-
-
-def first_reach(group: pd.DataFrame, threshold: float) -> tuple[float, float]:
-    """(env_steps, wall_time) of the first iteration whose return reaches `threshold` (inf if never)."""
-    hit = group[pd.to_numeric(group.episode_return, errors="coerce") >= threshold]
-    if not len(hit):
-        return math.inf, math.inf
-    return float(hit.env_steps.iloc[0]), float(hit.wall_time.iloc[0])
-
-
-def final_return(group: pd.DataFrame, fraction: float = 0.1) -> float:
-    """Mean episode return over the last `fraction` of iterations (as TrainResult.final_returns)."""
-    tail = group.tail(max(1, int(len(group) * fraction)))
-    return float(pd.to_numeric(tail.episode_return, errors="coerce").mean())
 
 
 def median_or_none(values: list[float]) -> float | None:
@@ -245,7 +220,7 @@ def summarise(df: pd.DataFrame, args: Args, run_info: dict) -> list[dict]:
             last = g.iloc[-1]
             entry = {
                 "seed": int(seed),
-                "final_return": final_return(g),
+                "final_return": float(analysis.final_returns(g, 0.1).iloc[0]),
                 "eval_return": run_info.get((variant, int(seed)), {}).get("eval_return", math.nan),
                 "env_steps": int(last.env_steps),
                 "wall_time": float(last.wall_time),
@@ -257,7 +232,7 @@ def summarise(df: pd.DataFrame, args: Args, run_info: dict) -> list[dict]:
             if variant in THREADED:
                 entry["producer_env_steps_per_s"] = float(last.samples_produced) / max(float(last.wall_time), 1e-9)
             for thr in args.thresholds:
-                steps, wall = first_reach(g, thr)
+                steps, wall = analysis.first_reach(g, thr)
                 entry[f"steps_to_{thr:g}"] = steps if math.isfinite(steps) else None
                 entry[f"wall_to_{thr:g}"] = wall if math.isfinite(wall) else None
             entry.update({k: v for k, v in run_info.get((variant, int(seed)), {}).items() if k != "eval_return"})
@@ -425,9 +400,7 @@ def main(args: Args) -> list[dict]:
     )
     os.makedirs(os.path.join(out, "schedules"), exist_ok=True)
     if args.compile_cache:
-        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        enable_compilation_cache(args.compile_cache)
     load_start = uptime()
     print(f"start: {load_start}", flush=True)
 
@@ -454,7 +427,7 @@ def main(args: Args) -> list[dict]:
         configs.setdefault(variant, pa.config_to_dict(result.config))
         last = df.iloc[-1]
         print(
-            f"  {variant:<15} seed {seed}: final return {final_return(df):7.1f}, eval {eval_return:7.1f} | {int(last.env_steps):,} steps in "
+            f"  {variant:<15} seed {seed}: final return {analysis.final_returns(df, 0.1).iloc[0]:7.1f}, eval {eval_return:7.1f} | {int(last.env_steps):,} steps in "
             f"{result.run_seconds:5.1f}s (+{result.compile_seconds:.1f}s compile) | lag mean {pd.to_numeric(df.lag_mean).mean():.2f}"
             f" max {int(pd.to_numeric(df.lag_max).max())} | kl {pd.to_numeric(df.approx_kl).mean():.4f} | load {os.getloadavg()[0]:.2f}",
             flush=True,

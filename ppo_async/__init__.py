@@ -1,6 +1,6 @@
 """ppo_async: asynchronous PPO in JAX — sampling throughput, policy lag and learning efficiency."""
 
-from ppo_async import losses
+from ppo_async import analysis, losses
 from ppo_async.config import (
     Config,
     ConfigError,
@@ -18,8 +18,11 @@ from ppo_async.metrics import NonFiniteError, read_jsonl
 from ppo_async.networks import ActorCritic, make_actor_critic
 from ppo_async.lag import LagSchedule, make_schedule, read_schedule, write_schedule
 from ppo_async.sweep import load_sweep, save_sweep, sweep
-from ppo_async.policy import Policy, evaluate, load
-from ppo_async.train import TrainResult, resume, train
+from ppo_async.policy import Policy, evaluate
+from ppo_async.recorder import RunRecorder
+from ppo_async.registry import Mode, get_mode, register_mode
+from ppo_async.result import TrainResult
+from ppo_async.train import load, resume, train
 
 __version__ = "0.1.0"
 
@@ -30,16 +33,20 @@ __all__ = [
     "Env",
     "LagConfig",
     "LagSchedule",
+    "Mode",
     "NetworkConfig",
     "NonFiniteError",
     "Policy",
     "PPOConfig",
+    "RunRecorder",
     "RolloutConfig",
     "ThreadedConfig",
     "TrainResult",
+    "analysis",
     "config_from_dict",
     "config_to_dict",
     "evaluate",
+    "get_mode",
     "load",
     "load_sweep",
     "losses",
@@ -48,6 +55,7 @@ __all__ = [
     "make_schedule",
     "read_jsonl",
     "read_schedule",
+    "register_mode",
     "replace_path",
     "resume",
     "save_sweep",

@@ -233,6 +233,23 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ restore
 
+    def metadata(self, step: int | None = None) -> dict:
+        """The metadata dict of checkpoint `step` (default: the latest), without reading any array."""
+        self._check_open()
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                raise CheckpointError(f"no complete checkpoint in {self.directory}")
+            step = steps[-1]
+        step = int(step)
+        if step not in steps:
+            raise CheckpointError(f"no complete checkpoint for step {step} in {self.directory}; available steps: {steps}")
+        try:
+            head = self._manager.restore(step, args=self._ocp.args.Composite(metadata=self._ocp.args.JsonRestore()))
+        except Exception as e:  # noqa: BLE001 - orbax raises many kinds
+            raise CheckpointError(f"cannot read the metadata of checkpoint step {step} in {self.directory}: {e}") from e
+        return dict(head.metadata)
+
     def restore(self, state_like: Any, step: int | None = None) -> tuple[Any, dict]:
         """Restores checkpoint `step` (default: the latest) into the structure of `state_like`.
 

@@ -124,7 +124,8 @@ def run_train(argv: Sequence[str]) -> int:
     import numpy as np
 
     from ppo_async.config import ConfigError
-    from ppo_async.train import read_run_config, train
+    from ppo_async.rundir import read_run_config
+    from ppo_async.train import train
 
     args = list(argv)
     resume_dir = _pop_option(args, "--resume")
@@ -226,7 +227,8 @@ def write_plots(run_dirs: Sequence[str], out: str | None = None) -> list[str]:
 def run_eval(argv: Sequence[str]) -> int:
     """The `eval` command: `eval RUN_DIR [--episodes 20] [--seed-index 0] [--seed 0] [--stochastic]`."""
     from ppo_async.config import ConfigError
-    from ppo_async.policy import evaluate, load
+    from ppo_async.policy import evaluate
+    from ppo_async.train import load
 
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
@@ -275,11 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ppo_async.checkpoint import CheckpointError
     from ppo_async.config import ConfigError
     from ppo_async.metrics import NonFiniteError
+    from ppo_async.xla_flags import enable_compilation_cache
 
     commands = {"train": run_train, "plot": run_plot, "eval": run_eval}
     if command not in commands:
         print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
         return 2
+    enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
     try:
         return commands[command](rest)
     except (ConfigError, CheckpointError) as exc:

@@ -527,6 +527,16 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     return Config(**kwargs)
 
 
+def get_path(config: Config, path: str) -> Any:
+    """The value of a dotted field, e.g. `get_path(c, "ppo.clip_eps")`; ConfigError if unknown."""
+    node: Any = config
+    for part in path.split("."):
+        if not dataclasses.is_dataclass(node) or part not in {f.name for f in dataclasses.fields(node)}:
+            raise ConfigError(f"unknown config field {path!r}")
+        node = getattr(node, part)
+    return node
+
+
 def replace_path(config: Config, path: str, value: Any) -> Config:
     """Returns a copy with a dotted field replaced, e.g. `replace_path(c, "ppo.clip_eps", 0.1)`."""
     data = config_to_dict(config)

@@ -12,6 +12,7 @@ same Adam step (the data-parallel SGD of Goyal et al. 2017).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -23,7 +24,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ppo_async import envs, losses, networks
-from ppo_async.config import Config
+from ppo_async.config import Config, get_path
 from ppo_async.networks import ActorCritic
 from ppo_async.types import TrainState, Trajectory
 
@@ -52,26 +53,35 @@ class Hyperparams(NamedTuple):
     max_lag: chex.Array  # stale filter: samples with lag > max_lag get weight 0 (inf = off)
 
 
+# The one list of traced hyperparameters: each `Hyperparams` field and the config field it
+# comes from. `sweep` derives its compile groups from it (fields here never split a group).
+TRACED_CONFIG_FIELDS: dict[str, str] = {
+    "learning_rate": "ppo.learning_rate",
+    "gamma": "ppo.gamma",
+    "gae_lambda": "ppo.gae_lambda",
+    "clip_eps": "ppo.clip_eps",
+    "dual_clip": "ppo.dual_clip",
+    "value_clip_eps": "ppo.value_clip_eps",
+    "vf_coef": "ppo.vf_coef",
+    "ent_coef": "ppo.ent_coef",
+    "max_grad_norm": "ppo.max_grad_norm",
+    "reward_scale": "rollout.reward_scale",
+    "rho_bar": "ppo.rho_bar",
+    "c_bar": "ppo.c_bar",
+    "value_update_every": "ppo.value_update_every",
+    "max_lag": "lag.max_lag",
+}
+# What a None config value stands for, as a traced number.
+_NONE_AS = {"dual_clip": math.inf, "value_clip_eps": 0.2, "max_lag": math.inf}
+
+
 def hyperparams_from_config(config: Config) -> Hyperparams:
-    """The traced hyperparameters of a config (PPO, rollout.reward_scale and lag.max_lag)."""
-    ppo = config.ppo
-    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    return Hyperparams(
-        learning_rate=f32(ppo.learning_rate),
-        gamma=f32(ppo.gamma),
-        gae_lambda=f32(ppo.gae_lambda),
-        clip_eps=f32(ppo.clip_eps),
-        dual_clip=f32(ppo.dual_clip if ppo.dual_clip is not None else jnp.inf),
-        value_clip_eps=f32(ppo.value_clip_eps if ppo.value_clip_eps is not None else 0.2),
-        vf_coef=f32(ppo.vf_coef),
-        ent_coef=f32(ppo.ent_coef),
-        max_grad_norm=f32(ppo.max_grad_norm),
-        reward_scale=f32(config.rollout.reward_scale),
-        rho_bar=f32(ppo.rho_bar),
-        c_bar=f32(ppo.c_bar),
-        value_update_every=f32(ppo.value_update_every),
-        max_lag=f32(config.lag.max_lag if config.lag.max_lag is not None else jnp.inf),
-    )
+    """The traced hyperparameters of a config (`TRACED_CONFIG_FIELDS`), float32 scalars."""
+    values = {}
+    for name, path in TRACED_CONFIG_FIELDS.items():
+        value = get_path(config, path)
+        values[name] = jnp.asarray(_NONE_AS[name] if value is None else value, jnp.float32)
+    return Hyperparams(**values)
 
 
 @dataclass(frozen=True)
@@ -91,9 +101,9 @@ class LearnerContext:
     lag_buckets: int = 1  # lags 0..lag_buckets-1 get their own KL / clip-fraction bucket; the last also holds larger lags
     axis_name: str | None = None  # data-parallel axis (pmap / shard_map) or None
 
-    def optimizer(self) -> optax.GradientTransformation:
-        """Adam without the step size (the learning rate is applied from `Hyperparams`)."""
-        return optax.scale_by_adam(eps=self.adam_eps)
+    def optimizer(self) -> optax.GradientTransformationExtraArgs:
+        """The optimiser: see `make_optimizer`."""
+        return make_optimizer(self.adam_eps)
 
 
 def make_learner_context(
@@ -273,35 +283,85 @@ def critic_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(is_critic, params)
 
 
+def freeze_where(
+    inner: optax.GradientTransformation, mask_fn: Callable[[Any], Any], frozen: chex.Array
+) -> optax.GradientTransformation:
+    """`inner`, except that while `frozen > 0.5` the leaves selected by `mask_fn(params)` get a
+    zero update and keep their part of `inner`'s state (e.g. Adam's moments) unchanged.
+
+    A traced `frozen` flag (0.0 / 1.0), so one compiled update serves frozen and unfrozen
+    steps; written like optax's own transforms (`optax.masked` selects statically).
+    """
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        new_updates, new_state = inner.update(updates, state, params)
+        mask = mask_fn(updates)
+        freeze = jnp.asarray(frozen) > 0.5
+        new_updates = jax.tree.map(lambda m, u: jnp.where(freeze, jnp.zeros_like(u), u) if m else u, mask, new_updates)
+        state_mask = optax.tree_map_params(inner, lambda _, m: m, new_state, mask, transform_non_params=lambda _: False)
+        new_state = jax.tree.map(lambda m, n, o: jnp.where(freeze, o, n) if m else n, state_mask, new_state, state)
+        return new_updates, new_state
+
+    return optax.GradientTransformation(inner.init, update)
+
+
+def _optimizer_chain(learning_rate: chex.Array, max_grad_norm: chex.Array, freeze_critic: chex.Array, adam_eps: float):
+    return optax.chain(
+        optax.clip_by_global_norm(max_grad_norm),
+        freeze_where(optax.scale_by_adam(eps=adam_eps), critic_mask, freeze_critic),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
+def make_optimizer(adam_eps: float) -> optax.GradientTransformationExtraArgs:
+    """Global-norm gradient clipping -> Adam (critic frozen on demand) -> step size, as one optax chain.
+
+    `learning_rate`, `max_grad_norm` and `freeze_critic` are injected hyperparameters
+    (`optax.inject_hyperparams`): they live in the optimiser state and are set, traced, at the
+    start of every learner iteration by `with_step_hyperparams`, so one compile serves a sweep.
+    """
+    return optax.inject_hyperparams(_optimizer_chain, static_args=("adam_eps",))(
+        learning_rate=0.0, max_grad_norm=1.0, freeze_critic=0.0, adam_eps=adam_eps
+    )
+
+
+def with_step_hyperparams(opt_state: Any, learning_rate: chex.Array, max_grad_norm: chex.Array, value_flag: chex.Array) -> Any:
+    """The optimiser state with this iteration's learning rate, clip norm and critic freeze (1 - value_flag)."""
+    as_f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    hyperparams = dict(
+        opt_state.hyperparams,
+        learning_rate=as_f32(learning_rate),
+        max_grad_norm=as_f32(max_grad_norm),
+        freeze_critic=as_f32(1.0 - value_flag),
+    )
+    return opt_state._replace(hyperparams=hyperparams)
+
+
+def adam_state(opt_state: Any) -> optax.ScaleByAdamState:
+    """The Adam moments inside the optimiser state (for inspection and tests)."""
+    return opt_state.inner_state[1]
+
+
 def sgd_step(
     ctx: LearnerContext,
     hparams: Hyperparams,
-    learning_rate: chex.Array,
     value_flag: chex.Array,
     carry: tuple[Any, Any],
     minibatch: Batch,
 ) -> tuple[tuple[Any, Any], dict[str, chex.Array]]:
     """One clipped-gradient Adam step on a minibatch: `(params, opt_state) -> (params, opt_state)`.
 
-    With `value_flag = 0` the critic's own parameters and their Adam moments stay unchanged.
+    Data-parallel: gradients are averaged over `ctx.axis_name` before the optimiser, so every
+    replica takes the same step. The optimiser state carries the iteration's step size and
+    critic freeze (`with_step_hyperparams`).
     """
     params, opt_state = carry
     grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, ctx, minibatch, hparams, value_flag)
     if ctx.axis_name is not None:
         grads = jax.lax.pmean(grads, ctx.axis_name)
-    grad_norm = optax.tree.norm(grads)
-    scale = jnp.minimum(1.0, hparams.max_grad_norm / jnp.maximum(grad_norm, 1e-12))
-    grads = jax.tree.map(lambda g: g * scale, grads)
-    updates, new_opt_state = ctx.optimizer().update(grads, opt_state, params)
-    new_params = jax.tree.map(lambda p, u: p - learning_rate * u, params, updates)
-    frozen = jax.tree.map(lambda c: jnp.logical_and(c, value_flag == 0), critic_mask(params))
-    keep_old = lambda new, old: jax.tree.map(lambda f, n, o: jnp.where(f, o, n), frozen, new, old)  # noqa: E731
-    new_params = keep_old(new_params, params)
-    new_opt_state = new_opt_state._replace(
-        mu=keep_old(new_opt_state.mu, opt_state.mu), nu=keep_old(new_opt_state.nu, opt_state.nu)
-    )
-    metrics["grad_norm"] = grad_norm
-    return (new_params, new_opt_state), metrics
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    updates, opt_state = ctx.optimizer().update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), metrics
 
 
 def ppo_update(
@@ -343,37 +403,16 @@ def ppo_update(
             lambda x: x[perm].reshape((ctx.num_minibatches, -1) + x.shape[1:]), batch
         )
         return jax.lax.scan(
-            lambda c, mb: sgd_step(ctx, hparams, learning_rate, value_flag, c, mb), carry, shuffled
+            lambda c, mb: sgd_step(ctx, hparams, value_flag, c, mb), carry, shuffled
         )
 
+    opt_state = with_step_hyperparams(state.opt_state, learning_rate, hparams.max_grad_norm, value_flag)
     (params, opt_state), per_minibatch = jax.lax.scan(
-        epoch, (state.params, state.opt_state), jax.random.split(key, ctx.num_epochs)
+        epoch, (state.params, opt_state), jax.random.split(key, ctx.num_epochs)
     )
-    lag_count = jnp.sum(per_minibatch.pop("lag_count"), axis=(0, 1))
-    lag_kl_sum = jnp.sum(per_minibatch.pop("lag_kl_sum"), axis=(0, 1))
-    lag_clip_sum = jnp.sum(per_minibatch.pop("lag_clip_sum"), axis=(0, 1))
-    lag_stats = lag_metrics(lag, batch.weight.reshape(lag.shape), ctx.lag_buckets)
-    metrics = {name: jnp.mean(value) for name, value in per_minibatch.items()}
-    metrics["explained_variance"] = explained_variance(batch.old_value, batch.target)
-    metrics["lag_mean"] = lag_stats.pop("lag_mean")
-    approx_kl_max = jnp.max(per_minibatch["approx_kl"])
-    ratio_max = jnp.max(per_minibatch["ratio_max"])
-    if ctx.axis_name is not None:
-        # Data-parallel: every shard holds the same number of samples, so means average;
-        # counts and per-lag sums add up; maxima take the max over devices.
-        metrics = jax.lax.pmean(metrics, ctx.axis_name)
-        lag_count, lag_kl_sum, lag_clip_sum, lag_stats = jax.lax.psum(
-            (lag_count, lag_kl_sum, lag_clip_sum, lag_stats), ctx.axis_name
-        )
-        lag_stats["lag_max"] = jax.lax.pmax(jnp.max(lag), ctx.axis_name).astype(jnp.int32)
-        approx_kl_max, ratio_max = jax.lax.pmax((approx_kl_max, ratio_max), ctx.axis_name)
-    metrics.update(lag_stats)
-    metrics["approx_kl_max"] = approx_kl_max
-    metrics["ratio_max"] = ratio_max
+    metrics = iteration_metrics(ctx, per_minibatch, batch, lag)
     metrics["learning_rate"] = learning_rate
     metrics["value_updated"] = value_flag
-    metrics["kl_per_lag"] = jnp.where(lag_count > 0, lag_kl_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
-    metrics["clip_fraction_per_lag"] = jnp.where(lag_count > 0, lag_clip_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
 
     obs_stats = state.obs_stats
     if ctx.normalize_obs:
@@ -394,6 +433,41 @@ def ppo_update(
     new_state = jax.tree.map(lambda n, o: jnp.where(consumed > 0, n, o), new_state, state)
     metrics["consumed"] = consumed
     return new_state, metrics
+
+
+def iteration_metrics(
+    ctx: LearnerContext, per_minibatch: dict[str, chex.Array], batch: Batch, lag: chex.Array
+) -> dict[str, chex.Array]:
+    """One iteration's metrics from the per-minibatch diagnostics `[E, M, ...]` and the batch.
+
+    Scalars are means over minibatches; `approx_kl_max` / `ratio_max` maxima; per-lag KL and
+    clip fractions are pooled sums over buckets (NaN where no sample had that lag). Under data
+    parallelism every shard holds the same number of samples, so means average over devices,
+    counts and per-lag sums add up and maxima take the max.
+    """
+    per_minibatch = dict(per_minibatch)
+    lag_count = jnp.sum(per_minibatch.pop("lag_count"), axis=(0, 1))
+    lag_kl_sum = jnp.sum(per_minibatch.pop("lag_kl_sum"), axis=(0, 1))
+    lag_clip_sum = jnp.sum(per_minibatch.pop("lag_clip_sum"), axis=(0, 1))
+    lag_stats = lag_metrics(lag, batch.weight.reshape(lag.shape), ctx.lag_buckets)
+    metrics = {name: jnp.mean(value) for name, value in per_minibatch.items()}
+    metrics["explained_variance"] = explained_variance(batch.old_value, batch.target)
+    metrics["lag_mean"] = lag_stats.pop("lag_mean")
+    approx_kl_max = jnp.max(per_minibatch["approx_kl"])
+    ratio_max = jnp.max(per_minibatch["ratio_max"])
+    if ctx.axis_name is not None:
+        metrics = jax.lax.pmean(metrics, ctx.axis_name)
+        lag_count, lag_kl_sum, lag_clip_sum, lag_stats = jax.lax.psum(
+            (lag_count, lag_kl_sum, lag_clip_sum, lag_stats), ctx.axis_name
+        )
+        lag_stats["lag_max"] = jax.lax.pmax(jnp.max(lag), ctx.axis_name).astype(jnp.int32)
+        approx_kl_max, ratio_max = jax.lax.pmax((approx_kl_max, ratio_max), ctx.axis_name)
+    metrics.update(lag_stats)
+    metrics["approx_kl_max"] = approx_kl_max
+    metrics["ratio_max"] = ratio_max
+    metrics["kl_per_lag"] = jnp.where(lag_count > 0, lag_kl_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
+    metrics["clip_fraction_per_lag"] = jnp.where(lag_count > 0, lag_clip_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
+    return metrics
 
 
 LEARNER_AXIS = "learner"

@@ -150,25 +150,3 @@ def _fmt(value: Any, digits: int = 1) -> str:
 def scalar_items(row: Mapping[str, Any]) -> dict[str, float]:
     """The plain numeric entries of a row (no lists, None or booleans), e.g. for W&B / TensorBoard."""
     return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def open_wandb(config: Any) -> Any:
-    """A Weights & Biases run when `config.wandb_project` is set, else None.
-
-    W&B is optional: when asked for without the package installed this raises ConfigError
-    (naming the field) rather than running without the logging the user asked for. The run
-    is named after the run directory and carries the whole config.
-    """
-    if config.wandb_project is None:
-        return None
-    from ppo_async.config import ConfigError, config_to_dict
-
-    try:
-        import wandb
-    except ImportError:
-        raise ConfigError(
-            f"wandb_project = {config.wandb_project!r} needs the wandb package: pip install wandb "
-            "(or leave wandb_project unset)"
-        ) from None
-    name = os.path.basename(os.path.normpath(config.run_dir)) if config.run_dir else None
-    return wandb.init(project=config.wandb_project, name=name, config=config_to_dict(config), dir=config.run_dir)

@@ -1,14 +1,13 @@
 """A trained policy read back from a run directory, and deterministic evaluation.
 
-`load(run_dir)` restores the latest checkpoint of RUN_DIR/checkpoints into the structure of
-a freshly initialised run (built abstractly: nothing is trained or compiled) and returns a
-`Policy` for one seed. `evaluate(policy, num_episodes)` plays whole episodes, vmapped and
-jitted, acting on raw observations normalised with the checkpoint's statistics.
+`ppo_async.load(run_dir)` (in `ppo_async.train`) returns a `Policy` read from a run's
+checkpoint, `TrainResult.policy(i)` one from a finished run. `evaluate(policy, num_episodes)`
+plays whole episodes, vmapped and jitted, acting on raw observations normalised with the
+policy's statistics.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +22,13 @@ from ppo_async.envs import Env
 from ppo_async.networks import ActorCritic, make_actor_critic, mode_action, sample_action
 from ppo_async.types import RunningMeanStd
 
-__all__ = ["Policy", "load", "evaluate"]
+__all__ = ["Policy", "evaluate"]
+
+
+def check_seed_index(config: Config, seed_index: Any) -> None:
+    """Raises ConfigError unless `seed_index` is an integer in [0, config.num_seeds)."""
+    if not isinstance(seed_index, int) or isinstance(seed_index, bool) or not 0 <= seed_index < config.num_seeds:
+        raise ConfigError(f"seed_index = {seed_index!r} is invalid: the run has {config.num_seeds} seed(s)")
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,26 @@ class Policy:
     seed_index: int = 0
     _act: Any = field(default=None, repr=False, compare=False)
 
+    @classmethod
+    def of_seed(cls, config: Config, train_state: Any, seed_index: int, iteration: int | None = None) -> "Policy":
+        """Seed `seed_index`'s policy from a seed-stacked `TrainState` (leaves `[num_seeds, ...]`).
+
+        `iteration` defaults to that seed's learner version. Raises ConfigError for a seed
+        index out of range.
+        """
+        check_seed_index(config, seed_index)
+        state = jax.tree.map(lambda x: x[seed_index], train_state)
+        env = envs.make_env(config.env)
+        return cls(
+            config=config,
+            env=env,
+            network=make_actor_critic(env, config.network),
+            params=state.params,
+            obs_stats=state.obs_stats,
+            iteration=int(state.version) if iteration is None else int(iteration),
+            seed_index=seed_index,
+        )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "_act", jax.jit(self._act_impl))
 
@@ -63,44 +88,6 @@ class Policy:
         Continuous actions are unclipped; `envs.env_action` clips them to the bounds.
         """
         return self._act(self.params, self.obs_stats, obs, key)
-
-
-def load(run_dir: str | os.PathLike, seed_index: int = 0, step: int | None = None) -> Policy:
-    """The policy of seed `seed_index` in the latest (or `step`) checkpoint of `run_dir`.
-
-    Raises ConfigError when `run_dir` is not a run directory or `seed_index` is out of range,
-    `checkpoint.CheckpointError` when there is no (such) checkpoint.
-    """
-    from ppo_async.checkpoint import Checkpointer, CheckpointError
-    from ppo_async.train import checkpoint_dir, make_program, read_run_config, seed_keys
-
-    run_dir = os.fspath(run_dir)
-    config = read_run_config(run_dir)
-    if not isinstance(seed_index, int) or not 0 <= seed_index < config.num_seeds:
-        raise ConfigError(f"seed_index = {seed_index!r} is invalid: the run has {config.num_seeds} seed(s)")
-    ckpt_dir = checkpoint_dir(run_dir)
-    if not os.path.isdir(ckpt_dir):
-        raise CheckpointError(f"no checkpoints in {run_dir!r} (no {ckpt_dir})")
-    if config.mode == "threaded":
-        from ppo_async.modes.threaded import threaded_checkpoint_like
-
-        state_like = threaded_checkpoint_like(config)
-    else:
-        init, _, _, _ = make_program(config)
-        state_like = jax.eval_shape(init, seed_keys(config))
-    with Checkpointer(ckpt_dir, max_to_keep=config.keep_checkpoints) as ckpt:
-        state, meta = ckpt.restore(state_like, step=step)
-    train_state = jax.tree.map(lambda x: x[seed_index], state.train_state)
-    env = envs.make_env(config.env)
-    return Policy(
-        config=config,
-        env=env,
-        network=make_actor_critic(env, config.network),
-        params=train_state.params,
-        obs_stats=train_state.obs_stats,
-        iteration=int(meta["iteration"]),
-        seed_index=seed_index,
-    )
 
 
 def evaluate(policy: Policy, num_episodes: int = 20, seed: int = 0, deterministic: bool = True, max_steps: int | None = None) -> dict[str, np.ndarray]:

@@ -38,20 +38,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.config import Config, ConfigError, LagConfig, PPOConfig, replace_path
+from ppo_async.config import Config, ConfigError, LagConfig, get_path, replace_path
 from ppo_async.lag import make_schedule
-from ppo_async.learner import hyperparams_from_config
+from ppo_async.learner import TRACED_CONFIG_FIELDS, hyperparams_from_config
+from ppo_async.modes.common import run_iterations
 from ppo_async.modes.simulated import make_simulated_program, schedule_arrays
-from ppo_async.train import run_iterations
+from ppo_async.recorder import RunRecorder
 
 STRATEGIES = ("auto", "vmap", "loop")
 
-# Fields that enter the program as traced values (see module docstring).
-TRACED_PPO_FIELDS = (
-    "learning_rate", "gamma", "gae_lambda", "clip_eps", "dual_clip", "vf_coef", "ent_coef",
-    "max_grad_norm", "rho_bar", "c_bar", "value_update_every",
-)
-TRACED_LAG_FIELDS = ("schedule", "K", "per_sampler", "low", "high", "p", "fraction", "slowdown", "replay_path", "max_lag", "seed")
 
 
 def expand_grid(config: Config, grid: Mapping[str, Sequence[Any]]) -> list[tuple[dict[str, Any], Config]]:
@@ -76,16 +71,24 @@ def expand_grid(config: Config, grid: Mapping[str, Sequence[Any]]) -> list[tuple
 
 
 def static_key(config: Config) -> Config:
-    """The config with every traced field set to its default: equal keys share one compile."""
-    ppo_defaults = PPOConfig()
-    ppo = dataclasses.replace(
-        config.ppo,
-        **{f: getattr(ppo_defaults, f) for f in TRACED_PPO_FIELDS},
-        value_clip_eps=None if config.ppo.value_clip_eps is None else 0.2,
-    )
-    lag = LagConfig(num_samplers=config.lag.effective_num_samplers)
-    rollout = dataclasses.replace(config.rollout, reward_scale=1.0)
-    return dataclasses.replace(config, ppo=ppo, lag=lag, rollout=rollout, seed=0)
+    """The config with every traced field (`learner.TRACED_CONFIG_FIELDS`, the lag schedule)
+    set to its default: equal keys share one compile."""
+    default = Config()
+    key = config
+    for path in TRACED_CONFIG_FIELDS.values():
+        key = _replace_field(key, path, get_path(default, path))
+    if config.ppo.value_clip_eps is not None:  # on/off is static, the value is traced
+        key = _replace_field(key, "ppo.value_clip_eps", 0.2)
+    # Every schedule field is traced (schedule arrays) but the number of samplers.
+    return dataclasses.replace(key, lag=LagConfig(num_samplers=config.lag.effective_num_samplers), seed=0)
+
+
+def _replace_field(config: Config, path: str, value: Any) -> Config:
+    """dataclasses.replace along a dotted path (no re-validation of unrelated sections needed)."""
+    section, _, name = path.rpartition(".")
+    if not section:
+        return dataclasses.replace(config, **{name: value})
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **{name: value})})
 
 
 def default_strategy() -> str:
@@ -119,75 +122,108 @@ def sweep(
     if not seed_list or len(set(seed_list)) != len(seed_list):
         raise ConfigError(f"seeds = {seeds!r} is invalid: need at least one seed, without repeats")
     points = expand_grid(config, grid)
-
     groups: dict[Config, list[int]] = {}
     for index, (_, cfg) in enumerate(points):
         groups.setdefault(static_key(cfg), []).append(index)
 
-    keys = jnp.stack([jax.random.PRNGKey(s) for s in seed_list])
-    rows: list[dict[str, Any]] = []
-    traces = {"count": 0}
-    compile_seconds = 0.0
-    run_seconds = 0.0
+    totals = SweepTotals()
+    run_group = _run_group_vmap if strategy == "vmap" else _run_group_loop
     for members in groups.values():
-        cfgs = [points[i][1] for i in members]
-        schedules = [make_schedule(c.lag, c.num_iterations) for c in cfgs]
-        ring_size = max(s.ring_size for s in schedules)
-        program = make_simulated_program(cfgs[0], ring_size)
+        run_group(points, members, seed_list, totals, progress)
 
-        def counted_iteration(state, hparams, sched, _program=program):
-            traces["count"] += 1  # runs once per trace, never at execution
-            return _program.iteration(state, hparams, sched)
-
-        hparams = [hyperparams_from_config(c) for c in cfgs]
-        scheds = [schedule_arrays(s) for s in schedules]
-        seed_step = jax.vmap(counted_iteration, in_axes=(0, None, None))
-        init = jax.jit(jax.vmap(program.init))
-        t0 = time.perf_counter()
-        if strategy == "vmap":
-            stack = lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
-            args = (stack(hparams), stack(scheds))
-            states = init(keys)
-            states = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(cfgs),) + x.shape), states)
-            step = jax.jit(jax.vmap(seed_step, in_axes=(0, 0, 0)), donate_argnums=(0,))
-            compiled = step.lower(states, *args).compile()
-            compile_seconds += time.perf_counter() - t0
-            labels = [
-                {"config_id": members[c], **_point_labels(points[members[c]][0]), "seed": s}
-                for c in range(len(cfgs))
-                for s in seed_list
-            ]
-            t1 = time.perf_counter()
-            _, group_rows = run_iterations(
-                cfgs[0], compiled, states, args, labels, progress=progress, on_iteration=None, leading_axes=2
-            )
-            run_seconds += time.perf_counter() - t1
-            rows.extend(group_rows)
-        else:
-            step = jax.jit(seed_step, donate_argnums=(0,))
-            compiled = step.lower(init(keys), hparams[0], scheds[0]).compile()
-            compile_seconds += time.perf_counter() - t0
-            for c, cfg in enumerate(cfgs):
-                labels = [{"config_id": members[c], **_point_labels(points[members[c]][0]), "seed": s} for s in seed_list]
-                t1 = time.perf_counter()
-                _, config_rows = run_iterations(
-                    cfg, compiled, init(keys), (hparams[c], scheds[c]), labels, progress=progress, on_iteration=None
-                )
-                run_seconds += time.perf_counter() - t1
-                rows.extend(config_rows)
-
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(totals.rows)
     df = df.sort_values(["config_id", "seed", "iteration"], kind="stable").reset_index(drop=True)
     df.attrs.update(
         strategy=strategy,
         compiles=len(groups),
-        traces=traces["count"],
-        compile_seconds=compile_seconds,
-        run_seconds=run_seconds,
+        traces=totals.traces,
+        compile_seconds=totals.compile_seconds,
+        run_seconds=totals.run_seconds,
         grid={k: list(v) for k, v in grid.items()},
         seeds=seed_list,
     )
     return df
+
+
+@dataclasses.dataclass
+class SweepTotals:
+    """What a sweep accumulates over its compile groups."""
+
+    rows: list = dataclasses.field(default_factory=list)
+    traces: int = 0
+    compile_seconds: float = 0.0
+    run_seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupProgram:
+    """One compile group: its configs, the seed-vmapped step (trace-counted), init, per-config inputs."""
+
+    configs: list
+    seed_step: Any
+    init: Any
+    hparams: list
+    schedules: list
+
+
+def _group_program(points: list, members: list[int], totals: SweepTotals) -> GroupProgram:
+    cfgs = [points[i][1] for i in members]
+    schedules = [make_schedule(c.lag, c.num_iterations) for c in cfgs]
+    program = make_simulated_program(cfgs[0], max(s.ring_size for s in schedules))
+
+    def counted_iteration(state, hparams, sched):
+        totals.traces += 1  # runs once per trace, never at execution
+        return program.iteration(state, hparams, sched)
+
+    return GroupProgram(
+        configs=cfgs,
+        seed_step=jax.vmap(counted_iteration, in_axes=(0, None, None)),
+        init=jax.jit(jax.vmap(program.init)),
+        hparams=[hyperparams_from_config(c) for c in cfgs],
+        schedules=[schedule_arrays(s) for s in schedules],
+    )
+
+
+def _labels(points: list, member: int, seed_list: list[int]) -> list[dict[str, Any]]:
+    return [{"config_id": member, **_point_labels(points[member][0]), "seed": s} for s in seed_list]
+
+
+def _run(config: Config, labels: list, compiled: Any, states: Any, args: tuple, totals: SweepTotals, progress: bool,
+         leading_axes: int = 1) -> None:
+    """Runs one compiled program through a file-less recorder (checks, accounting, rows)."""
+    t0 = time.perf_counter()
+    with RunRecorder(config, labels, progress=progress) as recorder:
+        run_iterations(config, recorder, compiled, states, args, leading_axes=leading_axes)
+    totals.run_seconds += time.perf_counter() - t0
+    totals.rows.extend(recorder.rows)
+
+
+def _run_group_vmap(points: list, members: list[int], seed_list: list[int], totals: SweepTotals, progress: bool) -> None:
+    """All configs x seeds of a group as one batched program."""
+    t0 = time.perf_counter()
+    group = _group_program(points, members, totals)
+    stack = lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
+    args = (stack(group.hparams), stack(group.schedules))
+    states = group.init(jnp.stack([jax.random.PRNGKey(s) for s in seed_list]))
+    states = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(members),) + x.shape), states)
+    step = jax.jit(jax.vmap(group.seed_step, in_axes=(0, 0, 0)), donate_argnums=(0,))
+    compiled = step.lower(states, *args).compile()
+    totals.compile_seconds += time.perf_counter() - t0
+    labels = [label for m in members for label in _labels(points, m, seed_list)]
+    _run(group.configs[0], labels, compiled, states, args, totals, progress, leading_axes=2)
+
+
+def _run_group_loop(points: list, members: list[int], seed_list: list[int], totals: SweepTotals, progress: bool) -> None:
+    """One compiled (seed-vmapped) program, called once per config of the group."""
+    t0 = time.perf_counter()
+    group = _group_program(points, members, totals)
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in seed_list])
+    step = jax.jit(group.seed_step, donate_argnums=(0,))
+    compiled = step.lower(group.init(keys), group.hparams[0], group.schedules[0]).compile()
+    totals.compile_seconds += time.perf_counter() - t0
+    for c, cfg in enumerate(group.configs):
+        args = (group.hparams[c], group.schedules[c])
+        _run(cfg, _labels(points, members[c], seed_list), compiled, group.init(keys), args, totals, progress)
 
 
 def _point_labels(point: Mapping[str, Any]) -> dict[str, Any]:

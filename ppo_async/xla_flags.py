@@ -6,6 +6,11 @@ with our own code: a sync run (CartPole, 60k steps) inside the test suite and a
 `sweep(strategy="loop")` run, each stuck for minutes at ~0% CPU. Disabling XLA:CPU's
 concurrency-optimised scheduler is the known workaround. Call `apply_cpu_workarounds()`
 before JAX initialises its backend (before the first computation).
+
+`enable_compilation_cache()` turns on JAX's persistent compilation cache, so that a second
+process compiling the same programs (same config shapes, jax version and XLA flags) loads
+them from disk instead of recompiling. Entry points call it right after
+`apply_cpu_workarounds()`; the test suite does not (tests must not write to the user's cache).
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from __future__ import annotations
 import os
 
 CPU_XLA_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
+
+COMPILATION_CACHE_ENV = "PPO_ASYNC_COMPILATION_CACHE"
+_CACHE_OFF_VALUES = ("", "0", "off", "false", "no")
 
 
 def apply_cpu_workarounds(environ: "os._Environ[str] | dict[str, str] | None" = None) -> str:
@@ -39,3 +47,75 @@ def backend_started() -> bool:
         return bool(xla_bridge._backends)
     except Exception:  # noqa: BLE001 - private API; assume started if unknown
         return True
+
+
+def default_compilation_cache_dir(environ: "os._Environ[str] | dict[str, str] | None" = None) -> str:
+    """`$XDG_CACHE_HOME/ppo_async/jax`, or `~/.cache/ppo_async/jax` without XDG_CACHE_HOME."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ppo_async", "jax")
+
+
+def compilation_cache_dir(
+    path: str | None = None, environ: "os._Environ[str] | dict[str, str] | None" = None
+) -> str | None:
+    """The directory `enable_compilation_cache(path)` would use (absolute), or None when disabled.
+
+    `path` wins when given; otherwise `$PPO_ASYNC_COMPILATION_CACHE`: unset = the default
+    directory (`default_compilation_cache_dir`), `0` / `off` / `false` / `no` / empty = disabled,
+    anything else = that directory (`~` expanded).
+    """
+    env = os.environ if environ is None else environ
+    if path is None:
+        value = env.get(COMPILATION_CACHE_ENV)
+        if value is None:
+            path = default_compilation_cache_dir(env)
+        elif value.strip().lower() in _CACHE_OFF_VALUES:
+            return None
+        else:
+            path = value.strip()
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def enable_compilation_cache(path: str | None = None) -> str | None:
+    """Turns on JAX's persistent compilation cache; returns its directory (None: left off).
+
+    Where (see `compilation_cache_dir`): `path` if given, else `$PPO_ASYNC_COMPILATION_CACHE`
+    (unset = `$XDG_CACHE_HOME/ppo_async/jax` or `~/.cache/ppo_async/jax`; `0`, `off`, `false`,
+    `no` or empty = off: nothing is configured and this returns None).
+
+    Sets `jax_compilation_cache_dir`, and `jax_persistent_cache_min_compile_time_secs = 0` and
+    `jax_persistent_cache_min_entry_size_bytes = 0`: JAX's defaults only store programs that
+    took >= 1 s to compile, which skips most of ours on CPU. XLA:CPU in jax 0.10.2 serialises
+    executables, so no further flag is needed (`jax_persistent_cache_enable_xla_caches` only
+    concerns GPU autotuning / kernel caches). Programs with host callbacks are never cached.
+
+    Safe to call before or after `apply_cpu_workarounds()` and before or after JAX's backend
+    starts; it applies to compilations that happen after it (programs compiled earlier in this
+    process stay uncached; calling it again with another directory switches to that one).
+    The cache key covers the program, jax/jaxlib versions, XLA flags and the device, so a
+    stale entry is never used for a different program. The directory is not size-limited
+    (JAX's LRU eviction needs the `filelock` package); delete it to reclaim space. Like any
+    JAX compilation cache it is trusted: do not point it at a directory others can write to.
+    If the directory cannot be created, a warning is issued and the cache stays off (None).
+    """
+    directory = compilation_cache_dir(path)
+    if directory is None:
+        return None
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        import warnings
+
+        warnings.warn(f"ppo_async: compilation cache left off, cannot create {directory!r}: {exc}", stacklevel=2)
+        return None
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    current = jax.config.values.get("jax_compilation_cache_dir")
+    if current and os.path.abspath(current) != directory:
+        compilation_cache.reset_cache()  # an initialised cache keeps its directory otherwise
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return directory

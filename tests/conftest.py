@@ -11,6 +11,9 @@ import sys
 from ppo_async.xla_flags import apply_cpu_workarounds  # noqa: E402  (imports no JAX backend)
 
 apply_cpu_workarounds()
+# Entry points (the CLI, subprocesses of it) enable a persistent compilation cache in the user's
+# cache directory; tests leave it off unless PPO_ASYNC_COMPILATION_CACHE is set explicitly.
+os.environ.setdefault("PPO_ASYNC_COMPILATION_CACHE", "0")
 
 import pytest  # noqa: E402
 

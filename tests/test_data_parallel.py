@@ -71,7 +71,7 @@ def test_barrier_and_chunk_config_rules():
 
 
 def test_concat_trajectories_joins_env_columns_and_merges_stats():
-    from ppo_async.modes.sync import make_contexts
+    from ppo_async.modes.common import make_contexts
     from ppo_async.rollout import rollout
     from ppo_async import envs, learner
     from ppo_async.types import snapshot_of
@@ -108,7 +108,7 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
     import jax, numpy as np
     import ppo_async as pa
     from ppo_async import envs, learner
-    from ppo_async.modes.sync import make_contexts
+    from ppo_async.modes.common import make_contexts
     from ppo_async.rollout import rollout
     from ppo_async.types import snapshot_of
 

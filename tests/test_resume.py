@@ -14,7 +14,7 @@ import pytest
 
 from ppo_async import Config, ConfigError, LagConfig, PPOConfig, RolloutConfig, read_jsonl, resume, train
 from ppo_async.checkpoint import Checkpointer, CheckpointError
-from ppo_async.train import LOSS_FIELDS
+from ppo_async.recorder import LOSS_FIELDS
 
 from conftest import REPO_ROOT
 
@@ -83,11 +83,11 @@ def test_simulated_resume_is_exact_and_checkpoints_hold_the_run(tmp_path):
 
 
 def ckpt_state_like(run_dir):
-    from ppo_async.train import make_program, read_run_config, seed_keys
+    from ppo_async.registry import get_mode
+    from ppo_async.rundir import read_run_config
 
     config = read_run_config(str(run_dir))
-    init, _, _, _ = make_program(config)
-    return jax.eval_shape(init, seed_keys(config))
+    return get_mode(config.mode).checkpoint_like(config)
 
 
 def test_resume_errors(tmp_path):
@@ -97,7 +97,7 @@ def test_resume_errors(tmp_path):
         train(tiny(None), resume=True)
     (tmp_path / "r").mkdir()
     tiny(tmp_path / "r")  # valid config
-    from ppo_async.train import write_config
+    from ppo_async.rundir import write_config
 
     write_config(str(tmp_path / "r"), tiny(tmp_path / "r"))
     with pytest.raises(CheckpointError, match="no checkpoints"):

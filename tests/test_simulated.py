@@ -22,7 +22,8 @@ from ppo_async.modes.simulated import (
     schedule_arrays,
     simulated_setup,
 )
-from ppo_async.modes.sync import init_runner_state, make_contexts, make_sync_program
+from ppo_async.modes.common import make_contexts
+from ppo_async.modes.sync import init_runner_state, make_sync_program
 from ppo_async.rollout import rollout
 from ppo_async.types import snapshot_of
 
@@ -353,7 +354,7 @@ def test_value_update_every_two_freezes_the_critic_on_odd_versions():
         assert changed(a0, a1), v  # the actor always learns
         assert changed(c0, c1) == (v % 2 == 0), v
         if v % 2:  # frozen critic: its Adam moments stay put too
-            adam0, adam1 = states[v].opt_state, states[v + 1].opt_state
+            adam0, adam1 = learner.adam_state(states[v].opt_state), learner.adam_state(states[v + 1].opt_state)
             for moment in ("mu", "nu"):
                 m0, _ = parts(getattr(adam0, moment))
                 m1, _ = parts(getattr(adam1, moment))

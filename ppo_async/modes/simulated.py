@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -24,9 +26,17 @@ import numpy as np
 from ppo_async import envs, learner
 from ppo_async.config import Config
 from ppo_async.lag import LagSchedule, make_schedule
-from ppo_async.learner import Hyperparams, LearnerContext
-from ppo_async.modes.sync import make_contexts, rollout_metrics, sampler_env_key
-from ppo_async.rollout import RolloutContext, rollout
+from ppo_async.learner import Hyperparams, LearnerContext, hyperparams_from_config
+from ppo_async.modes.common import (
+    JittedProgram,
+    jitted_checkpoint_like,
+    make_contexts,
+    rollout_and_update,
+    run_jitted,
+    sampler_env_key,
+)
+from ppo_async.registry import Mode, register_mode
+from ppo_async.rollout import RolloutContext
 from ppo_async.types import EnvState, PolicySnapshot, TrainState, snapshot_of
 
 
@@ -56,6 +66,7 @@ def init_sim_state(
     rollout_ctx: RolloutContext,
     learner_ctx: LearnerContext,
     key: chex.PRNGKey,
+    *,
     num_samplers: int,
     ring_size: int,
 ) -> SimState:
@@ -98,14 +109,11 @@ def simulated_iteration(
     behavior_version = jnp.maximum(version - requested_lag, 0)
     snapshot = read_ring(state.ring, behavior_version)
     env_state = jax.tree.map(lambda e: e[sampler], state.env_states)
-    key, rollout_key, update_key = jax.random.split(state.key, 3)
-    env_state, trajectory = rollout(rollout_ctx, snapshot, env_state, rollout_key)
+    train_state, env_state, key, metrics = rollout_and_update(
+        rollout_ctx, learner_ctx, state.train_state, snapshot, env_state, state.key, hparams
+    )
     env_states = jax.tree.map(lambda all_, new: all_.at[sampler].set(new), state.env_states, env_state)
-    train_state, metrics = learner.ppo_update(learner_ctx, state.train_state, trajectory, update_key, hparams)
     ring = write_ring(state.ring, snapshot_of(train_state))
-    metrics.update(rollout_metrics(trajectory.stats))
-    metrics["learner_version"] = train_state.version
-    metrics["sgd_steps"] = train_state.sgd_steps
     metrics["sampler_id"] = sampler
     metrics["behavior_version"] = behavior_version
     iteration = state.iteration + 1
@@ -136,7 +144,8 @@ def make_simulated_program(config: Config, ring_size: int, lag_buckets: int | No
         learner_ctx=learner_ctx,
         num_samplers=num_samplers,
         ring_size=ring_size,
-        init=lambda key: init_sim_state(config, rollout_ctx, learner_ctx, key, num_samplers, ring_size),
+        # plain functions (not partials), so chex.assert_max_traces can wrap them
+        init=lambda key: init_sim_state(config, rollout_ctx, learner_ctx, key, num_samplers=num_samplers, ring_size=ring_size),
         iteration=lambda state, hparams, sched: simulated_iteration(rollout_ctx, learner_ctx, state, hparams, sched),
     )
 
@@ -149,3 +158,31 @@ def simulated_setup(config: Config) -> tuple[SimulatedProgram, LagSchedule]:
 
 def max_schedule_lag(schedule: LagSchedule) -> int:
     return int(np.max(schedule.lag, initial=0))
+
+
+def schedule_records(schedule: LagSchedule) -> list[dict[str, int]]:
+    """The (iteration, sampler_id, lag) records of a schedule, as RUN_DIR/lag_schedule.jsonl holds them."""
+    return [
+        {"iteration": i + 1, "sampler_id": int(s), "lag": int(k)}
+        for i, (s, k) in enumerate(zip(schedule.sampler_id, schedule.lag))
+    ]
+
+
+def build_simulated(config: Config) -> JittedProgram:
+    """The seed-vmapped simulated program of a config, with its schedule."""
+    program, schedule = simulated_setup(config)
+    return JittedProgram(
+        init=jax.vmap(program.init),
+        step=jax.vmap(program.iteration, in_axes=(0, None, None)),
+        args=(hyperparams_from_config(config), schedule_arrays(schedule)),
+        schedule_records=schedule_records(schedule),
+    )
+
+
+MODE = register_mode(
+    Mode(
+        name="simulated",
+        run=functools.partial(run_jitted, build_simulated),
+        checkpoint_like=jitted_checkpoint_like(build_simulated),
+    )
+)

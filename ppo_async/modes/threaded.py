@@ -24,16 +24,15 @@ is named and joined; every blocking call has a timeout.
 from __future__ import annotations
 
 import contextlib
-import os
+import functools
 import queue
 import random
-import shutil
 import signal
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -41,11 +40,14 @@ import numpy as np
 from ppo_async import envs, learner
 from ppo_async.buffer import RingBuffer
 from ppo_async.config import Config, ConfigError
-from ppo_async.lag import must_force_refresh, schedule_record, should_refresh, write_schedule
+from ppo_async.lag import must_force_refresh, schedule_record, should_refresh
 from ppo_async.learner import LEARNER_AXIS, hyperparams_from_config
-from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, open_wandb, scalar_items, to_python
-from ppo_async.modes.sync import make_contexts, rollout_metrics, sampler_env_key
+from ppo_async.metrics import NonFiniteError, to_python
+from ppo_async.modes.common import make_contexts, rollout_metrics, sampler_env_key
 from ppo_async.param_store import ParamStore
+from ppo_async.recorder import RunRecorder
+from ppo_async.registry import Mode, register_mode
+from ppo_async.result import TrainResult
 from ppo_async.rollout import concat_trajectories, rollout
 from ppo_async.types import TrainState, snapshot_of
 
@@ -255,11 +257,119 @@ def sampler_loop(
 
 @dataclass
 class LearnerOutput:
-    """One learner iteration handed to the logging thread."""
+    """One learner iteration handed to the logging (calling) thread."""
 
     row: dict[str, Any]
     records: list[dict[str, Any]]
     train_state: TrainState
+
+
+def threaded_accounting(
+    buffer_counters: Mapping[str, int], chunk_size: int, discarded: int, consumed: int, dropped_stale: int
+) -> dict[str, int]:
+    """The sample accounting of a threaded run at one instant (pure).
+
+    Args:
+      buffer_counters: `RingBuffer.counters()`: chunks `added`, `overwritten`, resident `size`.
+      chunk_size: transitions per chunk.
+      discarded: transitions discarded by forced refreshes (all samplers).
+      consumed: transitions the learner consumed so far.
+      dropped_stale: transitions the learner dropped as staler than `lag.max_lag` so far.
+
+    Returns:
+      `samples_produced = samples_consumed + samples_dropped + samples_resident` (by
+      construction when nothing is lost) and the three kinds of drop.
+    """
+    overwritten = buffer_counters["overwritten"] * chunk_size
+    return {
+        "samples_produced": buffer_counters["added"] * chunk_size + discarded,
+        "samples_consumed": consumed,
+        "samples_dropped": discarded + overwritten + dropped_stale,
+        "samples_resident": buffer_counters["size"] * chunk_size,
+        "dropped_forced_refresh": discarded,
+        "dropped_overwritten": overwritten,
+        "dropped_stale_total": dropped_stale,
+    }
+
+
+@dataclass(frozen=True)
+class IterationTimes:
+    """perf_counter instants of one learner iteration: run start, iteration start, batch taken, update done."""
+
+    start: float
+    tick: float
+    got: float
+    done: float
+
+
+def learner_row(
+    config: Config,
+    metrics: Mapping[str, Any],
+    *,
+    iteration: int,
+    tags: Sequence[tuple[int, float, int]],
+    learner_version: int,
+    sgd_steps: int,
+    accounting: Mapping[str, int],
+    buffer_fill: float,
+    times: IterationTimes,
+    sampler_stats: Sequence["SamplerStats"],
+) -> dict[str, Any]:
+    """One threaded metrics row (pure): the update's metrics plus versions, timing, accounting, samplers.
+
+    `tags` are the consumed chunks' `(sampler_id, made_at, policy_version)`; with one chunk
+    `sampler_id` / `behavior_version` are scalars, else lists. `env_steps` counts the
+    samples the learner took (consumed + dropped as stale).
+    """
+    elapsed = times.done - times.start
+    iteration_s = max(times.done - times.tick, 1e-9)
+    one = len(tags) == 1
+    row = {name: to_python(value) for name, value in metrics.items()}
+    row.update(
+        seed=config.seed,
+        iteration=iteration,
+        learner_version=learner_version,
+        sgd_steps=sgd_steps,
+        env_steps=accounting["samples_consumed"] + accounting["dropped_stale_total"],
+        wall_time=elapsed,
+        steps_per_second=config.batch_size / iteration_s,
+        sampler_id=tags[0][0] if one else [t[0] for t in tags],
+        behavior_version=int(tags[0][2]) if one else [int(t[2]) for t in tags],
+        buffer_fill=buffer_fill,
+        learner_busy_fraction=(times.done - times.got) / iteration_s,
+        learner_wait_s=times.got - times.tick,
+        **accounting,
+        sampler_steps_per_second=[s.produced / max(elapsed, 1e-9) for s in sampler_stats],
+        sampler_rollout_s=[s.rollout_s for s in sampler_stats],
+        sampler_wait_params_s=[s.wait_params_s for s in sampler_stats],
+        sampler_wait_buffer_s=[s.wait_buffer_s for s in sampler_stats],
+        sampler_latency_s=[s.latency_s for s in sampler_stats],
+        sampler_forced_refreshes=[s.forced_refreshes for s in sampler_stats],
+    )
+    return row
+
+
+def take_batch(shared: RunShared, iteration: int) -> list | None:
+    """`chunks_per_batch` tagged chunks from the buffer; None when the run is stopping.
+
+    Raises TimeoutError after `threaded.timeout_s` without data; AssertionError when a
+    barrier batch does not hold one rollout of every sampler.
+    """
+    tcfg = shared.config.threaded
+    tick = time.perf_counter()
+    items: list = []
+    while len(items) < tcfg.effective_chunks_per_batch:
+        if shared.stop.is_set():
+            return None
+        item = shared.buffer.get_tagged(timeout=POLL_S)
+        if item is not None:
+            items.append(item)
+        elif time.perf_counter() - tick > tcfg.timeout_s:
+            raise TimeoutError(f"learner waited {tcfg.timeout_s:.0f}s for data (threaded.timeout_s) at iteration {iteration}")
+    samplers = sorted(tag[0] for _, tag in items)
+    if tcfg.barrier and samplers != list(range(tcfg.num_samplers)):
+        raise AssertionError(f"barrier broken at iteration {iteration}: batch from samplers {samplers}")
+    return items
 
 
 def learner_loop(
@@ -273,93 +383,40 @@ def learner_loop(
     out: "queue.Queue[LearnerOutput]",
 ) -> None:
     """Body of the learner thread: take chunks, update, publish, account, hand the row over."""
-    config, store, buffer, stop = shared.config, shared.store, shared.buffer, shared.stop
-    tcfg = config.threaded
-    chunks_per_batch = tcfg.effective_chunks_per_batch
-    consumed_total = dropped_stale_total = 0
-    last_version = 0
+    config, store = shared.config, shared.store
+    consumed_total = dropped_stale_total = last_version = 0
     try:
         for iteration in range(1, config.num_iterations + 1):
             tick = time.perf_counter()
-            items: list = []
-            while len(items) < chunks_per_batch:
-                if stop.is_set():
-                    return
-                item = buffer.get_tagged(timeout=POLL_S)
-                if item is not None:
-                    items.append(item)
-                elif time.perf_counter() - tick > tcfg.timeout_s:
-                    raise TimeoutError(
-                        f"learner waited {tcfg.timeout_s:.0f}s for data (threaded.timeout_s) at iteration {iteration}"
-                    )
+            items = take_batch(shared, iteration)
+            if items is None:
+                return
             got = time.perf_counter()
-            chunks = [chunk for chunk, _ in items]
-            tags = [tag for _, tag in items]
-            if tcfg.barrier and sorted(t[0] for t in tags) != list(range(tcfg.num_samplers)):
-                raise AssertionError(f"barrier broken at iteration {iteration}: batch from samplers {[t[0] for t in tags]}")
+            chunks, tags = [chunk for chunk, _ in items], [tag for _, tag in items]
             trajectory = place_trajectory(merge(chunks) if len(chunks) > 1 else chunks[0])
             key, update_key = jax.random.split(key)
             version_before = last_version
             train_state, metrics = update(train_state, trajectory, update_key, hparams)
             metrics, version, sgd_steps = jax.device_get((metrics, train_state.version, train_state.sgd_steps))
-            chunk_versions = [t[2] for t in tags]  # the sampler's snapshot version, known on the host
             last_version = int(version)
             if last_version > version_before:
                 store.publish(snapshot_of(train_state))
             done = time.perf_counter()
-            row = {name: to_python(v) for name, v in metrics.items()}
-            if row.get("nonfinite_env_values"):
-                raise NonFiniteError(
-                    f"env {config.env!r} produced {row['nonfinite_env_values']} NaN/inf observations or rewards "
-                    f"(samplers {[t[0] for t in tags]}, iteration {iteration})"
-                )
-            consumed_total += row.pop("consumed")
-            dropped_stale_total += row["dropped_stale"]
-            counters = buffer.counters()
-            discarded = sum(s.discarded for s in shared.stats)
-            produced = counters["added"] * config.chunk_size + discarded
-            resident = counters["size"] * config.chunk_size
-            overwritten = counters["overwritten"] * config.chunk_size
-            dropped = discarded + overwritten + dropped_stale_total
-            if produced != consumed_total + dropped + resident:
-                raise AssertionError(
-                    f"sample accounting broken at iteration {iteration}: produced {produced} != consumed "
-                    f"{consumed_total} + dropped {dropped} + resident {resident}"
-                )
-            records = [
-                schedule_record(iteration, sid, int(v), version_before, made_at, got - shared.start)
-                for sid, made_at, v in tags
-            ]
-            elapsed = done - shared.start
-            one = len(tags) == 1
-            row.update(
-                seed=config.seed,
-                iteration=iteration,
-                learner_version=last_version,
-                sgd_steps=int(sgd_steps),
-                env_steps=consumed_total + dropped_stale_total,
-                wall_time=elapsed,
-                steps_per_second=config.batch_size / max(done - tick, 1e-9),
-                sampler_id=tags[0][0] if one else [t[0] for t in tags],
-                behavior_version=int(chunk_versions[0]) if one else [int(v) for v in chunk_versions],
-                buffer_fill=counters["size"] / buffer.capacity,
-                learner_busy_fraction=(done - got) / max(done - tick, 1e-9),
-                learner_wait_s=got - tick,
-                samples_produced=produced,
-                samples_consumed=consumed_total,
-                samples_dropped=dropped,
-                samples_resident=resident,
-                dropped_forced_refresh=discarded,
-                dropped_overwritten=overwritten,
-                dropped_stale_total=dropped_stale_total,
-                sampler_steps_per_second=[s.produced / max(elapsed, 1e-9) for s in shared.stats],
-                sampler_rollout_s=[s.rollout_s for s in shared.stats],
-                sampler_wait_params_s=[s.wait_params_s for s in shared.stats],
-                sampler_wait_buffer_s=[s.wait_buffer_s for s in shared.stats],
-                sampler_latency_s=[s.latency_s for s in shared.stats],
-                sampler_forced_refreshes=[s.forced_refreshes for s in shared.stats],
+            metrics = dict(metrics)
+            consumed_total += int(metrics.pop("consumed"))
+            dropped_stale_total += int(metrics["dropped_stale"])
+            counters = shared.buffer.counters()
+            accounting = threaded_accounting(
+                counters, config.chunk_size, sum(s.discarded for s in shared.stats), consumed_total, dropped_stale_total
             )
-            check_finite([row], ("policy_loss", "value_loss", "entropy", "approx_kl"), iteration)
+            row = learner_row(
+                config, metrics, iteration=iteration, tags=tags, learner_version=last_version, sgd_steps=int(sgd_steps),
+                accounting=accounting, buffer_fill=counters["size"] / shared.buffer.capacity,
+                times=IterationTimes(shared.start, tick, got, done), sampler_stats=shared.stats,
+            )
+            records = [
+                schedule_record(iteration, sid, int(v), version_before, made_at, got - shared.start) for sid, made_at, v in tags
+            ]
             out.put(LearnerOutput(row, records, train_state))
     except BaseException as exc:  # noqa: BLE001
         _record_failure(shared, "learner", exc)
@@ -401,194 +458,211 @@ def threaded_checkpoint_like(config: Config) -> ThreadedCheckpoint:
     return ThreadedCheckpoint(jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + x.shape, x.dtype), state))
 
 
-def _checkpoint_payload(config: Config, train_state: TrainState, row: dict[str, Any]) -> tuple[Any, dict]:
-    from ppo_async.config import config_to_dict
-
-    state = ThreadedCheckpoint(jax.tree.map(lambda x: np.asarray(x)[None], jax.device_get(train_state)))
-    meta = {
-        "config": config_to_dict(config),
-        "iteration": row["iteration"],
-        "env_steps": row["env_steps"],
-        "wall_time": row["wall_time"],
-        "samples_consumed": [row["samples_consumed"]],
-        "samples_dropped": [row["samples_dropped"]],
-        "resumable": False,
-    }
-    return state, meta
+def threaded_checkpoint(train_state: TrainState) -> ThreadedCheckpoint:
+    """The learner's state on the host with a seed axis of 1, as other modes checkpoint theirs."""
+    return ThreadedCheckpoint(jax.tree.map(lambda x: np.asarray(x)[None], jax.device_get(train_state)))
 
 
-def train_threaded(config: Config, *, progress: bool = False, on_iteration=None):
-    """Runs the threaded mode (one seed) and returns a `TrainResult`.
+@dataclass
+class ThreadedSetup:
+    """Everything a threaded run builds (and compiles) before its clock starts.
 
-    Raises ConfigError for a bad config (num_seeds != 1, devices), ThreadFailure (or the
-    thread's NonFiniteError) when a thread fails, TimeoutError when the learner starves for
-    `threaded.timeout_s`, and KeyboardInterrupt after a clean stop on Ctrl-C.
+    The rollout is compiled once per sampler device, the merge and the update once; the
+    buffer's donated write is warmed up. `bench_threaded.py` times the thread bodies on it.
     """
-    from ppo_async.checkpoint import Checkpointer
-    from ppo_async.train import TrainResult, checkpoint_dir, make_tb_writer, write_config, write_tb_rows
 
-    if config.num_seeds != 1:
-        raise ConfigError(f"num_seeds = {config.num_seeds} is invalid for mode='threaded': must be 1")
+    config: Config
+    placement: Placement
+    rollout_fn: Callable  # jit((snapshot, env_state, key) -> (env_state, Trajectory))
+    update: Callable  # jit((train_state, trajectory, key, hparams) -> (train_state, metrics)) on the learner devices
+    place_trajectory: Callable
+    merge: Callable  # jit(list of chunks -> one trajectory)
+    train_state: TrainState  # on the learner devices
+    learner_key: jax.Array
+    hparams: Any
+    env_states: list  # one per sampler, on its device
+    sampler_keys: list
+    example: Any  # one rollout chunk on the buffer device
+    compile_seconds: float
+
+    def batch(self) -> Any:
+        """`chunks_per_batch` copies of the example chunk, merged and placed as the learner takes them."""
+        chunks = [self.example] * self.config.threaded.effective_chunks_per_batch
+        return self.place_trajectory(self.merge(chunks) if len(chunks) > 1 else chunks[0])
+
+    def shared(self, buffer: RingBuffer | None = None) -> RunShared:
+        """A fresh `RunShared` (new param store at the initial state; a new buffer unless given)."""
+        config = self.config
+        if buffer is None:
+            buffer = RingBuffer(self.example, config.buffer_capacity_chunks, config.threaded.full_policy,
+                                device=self.placement.buffer_device)
+            buffer.warm_up(self.example)
+        stats = [SamplerStats() for _ in range(config.threaded.num_samplers)]
+        store = ParamStore(snapshot_of(self.train_state))
+        return RunShared(config, store, buffer, threading.Event(), [], stats, self.placement.buffer_device)
+
+
+def lag_buckets_of(config: Config) -> int:
+    """Length of the lag histogram: max_lag + 2 (the last counts the dropped), else 16 (the last a catch-all)."""
+    return (config.lag.max_lag + 2) if config.lag.max_lag is not None else 16
+
+
+def make_threaded_setup(config: Config) -> ThreadedSetup:
+    """Placement, compiled rollout / merge / update, train state, envs and keys of a threaded config."""
     t_start = time.perf_counter()
     tcfg = config.threaded
-    num_samplers = tcfg.num_samplers
     placement = resolve_placement(config)
-    lag_buckets = (config.lag.max_lag + 2) if config.lag.max_lag is not None else 16
+    lag_buckets = lag_buckets_of(config)
     _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets)
-    hparams = hyperparams_from_config(config)
-    key = jax.random.PRNGKey(config.seed)
-    param_key, env_key, run_key = jax.random.split(key, 3)
+    param_key, env_key, run_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
     update, place_state, place_trajectory = make_learner_update(config, placement, lag_buckets)
     train_state = place_state(
         jax.jit(lambda k: learner.init_train_state(learner_ctx, k, rollout_ctx.env.obs_shape))(param_key)
     )
-    hparams, run_key = place_state(hparams), place_state(run_key)
+    hparams, run_key = place_state(hyperparams_from_config(config)), place_state(run_key)
     rollout_fn = jax.jit(lambda snap, es, k: rollout(rollout_ctx, snap, es, k))
     reset = jax.jit(lambda k: envs.reset_envs(rollout_ctx.env, k, config.rollout.num_envs))
     devices = placement.sampler_devices
-    env_states = [jax.device_put(reset(sampler_env_key(env_key, s)), devices[s]) for s in range(num_samplers)]
-    sampler_keys = [
-        jax.device_put(k, devices[s]) for s, k in enumerate(jax.random.split(jax.random.fold_in(run_key, 1), num_samplers))
-    ]
-    store = ParamStore(snapshot_of(train_state))
-    # Compile before the clock starts: the rollout once per sampler device, the merge, the update.
+    env_states = [jax.device_put(reset(sampler_env_key(env_key, s)), devices[s]) for s in range(tcfg.num_samplers)]
+    keys = jax.random.split(jax.random.fold_in(run_key, 1), tcfg.num_samplers)
+    sampler_keys = [jax.device_put(k, devices[s]) for s, k in enumerate(keys)]
     example = None
-    for device in dict.fromkeys(devices):
+    for device in dict.fromkeys(devices):  # compile the rollout once per sampler device
         s = devices.index(device)
-        _, example = rollout_fn(store.get_if_newer(None, device), env_states[s], sampler_keys[s])
-    example = jax.device_put(example, placement.buffer_device)
-    merge = jax.jit(lambda chunks: concat_trajectories(chunks))
-    chunks_per_batch = tcfg.effective_chunks_per_batch
-    batch_example = merge([example] * chunks_per_batch) if chunks_per_batch > 1 else example
-    update.lower(train_state, place_trajectory(batch_example), run_key, hparams).compile()
-    buffer = RingBuffer(example, config.buffer_capacity_chunks, tcfg.full_policy, device=placement.buffer_device)
-    buffer.warm_up(example)
-    compile_seconds = time.perf_counter() - t_start
-
-    shared = RunShared(
-        config=config,
-        store=store,
-        buffer=buffer,
-        stop=threading.Event(),
-        errors=[],
-        stats=[SamplerStats() for _ in range(num_samplers)],
-        buffer_device=placement.buffer_device,
+        _, example = rollout_fn(jax.device_put(snapshot_of(train_state), device), env_states[s], sampler_keys[s])
+    setup = ThreadedSetup(
+        config=config, placement=placement, rollout_fn=rollout_fn, update=update, place_trajectory=place_trajectory,
+        merge=jax.jit(concat_trajectories), train_state=train_state, learner_key=run_key, hparams=hparams,
+        env_states=env_states, sampler_keys=sampler_keys, example=jax.device_put(example, placement.buffer_device),
+        compile_seconds=0.0,
     )
-    outputs: queue.Queue = queue.Queue()
+    setup.update.lower(train_state, setup.batch(), run_key, hparams).compile()
+    setup.compile_seconds = time.perf_counter() - t_start
+    return setup
+
+
+def start_threads(setup: ThreadedSetup, shared: RunShared, outputs: queue.Queue) -> list[threading.Thread]:
+    """Starts every sampler thread and the learner thread (last in the list); resets the run clock."""
+    placement = setup.placement
     threads = [
         threading.Thread(
             target=sampler_loop,
             name=f"ppo_async-sampler-{s}",
-            args=(shared, s, rollout_fn, env_states[s], sampler_keys[s], devices[s]),
+            args=(shared, s, setup.rollout_fn, setup.env_states[s], setup.sampler_keys[s], placement.sampler_devices[s]),
             daemon=True,
         )
-        for s in range(num_samplers)
+        for s in range(setup.config.threaded.num_samplers)
     ]
-    learner_thread = threading.Thread(
-        target=learner_loop,
-        name="ppo_async-learner",
-        args=(shared, update, merge, place_trajectory, train_state, run_key, hparams, outputs),
-        daemon=True,
+    threads.append(
+        threading.Thread(
+            target=learner_loop,
+            name="ppo_async-learner",
+            args=(shared, setup.update, setup.merge, setup.place_trajectory, setup.train_state, setup.learner_key,
+                  setup.hparams, outputs),
+            daemon=True,
+        )
     )
-    threads.append(learner_thread)
-
-    run_dir = config.run_dir
-    writer = tb_writer = checkpointer = wandb_run = None
-    if run_dir:
-        write_config(run_dir, config)
-        for sub in (checkpoint_dir(run_dir), os.path.join(run_dir, "tb")):
-            if os.path.isdir(sub):  # a fresh run starts over
-                shutil.rmtree(sub)
-        writer = JsonlWriter(os.path.join(run_dir, "metrics.jsonl"))
-        tb_writer = make_tb_writer(run_dir, config)
-        checkpointer = Checkpointer(checkpoint_dir(run_dir), max_to_keep=config.keep_checkpoints)
-    wandb_run = open_wandb(config)
-    schedule_records: list[dict[str, Any]] = []
-    rows: list[dict[str, Any]] = []
-    last: LearnerOutput | None = None
-    saved_iteration = 0
-    bar = Progress(config.num_iterations * config.batch_size, enabled=progress, desc=f"{config.env} threaded")
-    interrupted = False
     shared.start = time.perf_counter()
-    for t in threads:
-        t.start()
+    for thread in threads:
+        thread.start()
+    return threads
 
-    def log(item: LearnerOutput) -> None:
-        nonlocal last, saved_iteration
-        row = item.row
-        last = item
-        rows.append(row)
-        schedule_records.extend(item.records)
-        if writer is not None:
-            writer.write(row)
-        if tb_writer is not None:
-            write_tb_rows(tb_writer, [row], {"seed"})
-        if wandb_run is not None:
-            wandb_run.log(scalar_items(row), step=row["env_steps"])
-        bar.update(row["env_steps"], row)
-        if checkpointer is not None and config.checkpoint_every > 0 and row["iteration"] % config.checkpoint_every == 0:
-            checkpointer.save(row["iteration"], *_checkpoint_payload(config, item.train_state, row))
-            saved_iteration = row["iteration"]
-        if on_iteration is not None:
-            on_iteration([row])
 
+def stop_threads(shared: RunShared, threads: Sequence[threading.Thread]) -> None:
+    """Asks every thread to stop, wakes the blocked ones and joins them all within JOIN_TIMEOUT_S."""
+    shared.stop.set()
+    shared.buffer.close()
+    shared.store.close()
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for thread in threads:
+        thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+
+
+def watch(shared: RunShared, learner_thread: threading.Thread, outputs: queue.Queue, log: Callable) -> bool:
+    """Logs learner outputs until the learner is done, a thread fails or Ctrl-C; True if interrupted."""
     ctrl_c = threading.Event()
     try:
-        try:
-            with _ctrl_c_sets(ctrl_c):
-                while (learner_thread.is_alive() or not outputs.empty()) and not ctrl_c.is_set():
-                    try:
-                        item = outputs.get(timeout=POLL_S)
-                    except queue.Empty:
-                        continue
-                    log(item)
-                    if shared.errors:
-                        break
-            interrupted = ctrl_c.is_set()
-        except KeyboardInterrupt:  # raised by a callback, or outside the main thread
-            interrupted = True
-        finally:
-            shared.stop.set()
-            buffer.close()
-            store.close()
-            deadline = time.monotonic() + JOIN_TIMEOUT_S
-            for t in threads:
-                t.join(timeout=max(deadline - time.monotonic(), 0.0))
-        if not shared.errors:
-            while not outputs.empty():  # rows finished before the stop still count
-                log(outputs.get_nowait())
-        if checkpointer is not None and last is not None and saved_iteration != last.row["iteration"]:
-            checkpointer.save(last.row["iteration"], *_checkpoint_payload(config, last.train_state, last.row))
-    finally:
-        bar.close()
-        for closeable in (writer, tb_writer, checkpointer):
-            if closeable is not None:
-                closeable.close()
-        if wandb_run is not None:
-            wandb_run.finish()
-        if run_dir:
-            write_schedule(os.path.join(run_dir, "version_schedule.jsonl"), schedule_records)
-    stuck = [t.name for t in threads if t.is_alive()]
+        with _ctrl_c_sets(ctrl_c):
+            while (learner_thread.is_alive() or not outputs.empty()) and not ctrl_c.is_set():
+                try:
+                    item = outputs.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                log(item)
+                if shared.errors:
+                    break
+        return ctrl_c.is_set()
+    except KeyboardInterrupt:  # raised by a callback, or outside the main thread
+        return True
+
+
+def raise_thread_errors(shared: RunShared, threads: Sequence[threading.Thread]) -> None:
+    """Re-raises the first thread failure in the caller (with its traceback); or names stuck threads."""
     if shared.errors:
         name, exc, tb = shared.errors[0]
         if isinstance(exc, (NonFiniteError, ConfigError, TimeoutError)):
             exc.add_note(f"(raised in thread ppo_async-{name})")
             raise exc
         raise ThreadFailure(f"thread {name} failed: {exc!r}\n--- traceback of {name} ---\n{tb}") from exc
+    stuck = [t.name for t in threads if t.is_alive()]
     if stuck:
         raise RuntimeError(f"threads did not stop within {JOIN_TIMEOUT_S:.0f}s: {stuck}")
-    if interrupted:
-        raise KeyboardInterrupt(f"threaded run stopped cleanly after {len(rows)} learner iterations")
-    if run_dir:
-        from ppo_async.plots import plot_run
 
-        plot_run(run_dir)
-    final_state = last.train_state if last is not None else train_state
-    return TrainResult(
-        config=config,
-        train_state=jax.tree.map(lambda x: np.asarray(x)[None], jax.device_get(final_state)),
-        metrics=rows,
-        compile_seconds=compile_seconds,
-        run_seconds=rows[-1]["wall_time"] if rows else 0.0,
-        extras={"version_schedule": schedule_records, "sampler_stats": shared.stats, "placement": placement},
+
+def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) -> TrainResult:
+    """Runs the threaded mode (one seed) and returns a `TrainResult`.
+
+    Raises ConfigError for a bad config (num_seeds != 1, devices), ThreadFailure (or the
+    thread's ConfigError / TimeoutError) when a thread fails, NonFiniteError when a row holds
+    NaN/inf, TimeoutError when the learner starves for `threaded.timeout_s`, and
+    KeyboardInterrupt after a clean stop on Ctrl-C (rows, schedule and a final checkpoint kept).
+    """
+    if resume:
+        raise ConfigError("resume is not supported for mode='threaded' (its lag depends on timing)")
+    if config.num_seeds != 1:
+        raise ConfigError(f"num_seeds = {config.num_seeds} is invalid for mode='threaded': must be 1")
+    setup = make_threaded_setup(config)
+    shared = setup.shared()
+    outputs: queue.Queue = queue.Queue()
+    schedule: list[dict[str, Any]] = []
+    last: list[LearnerOutput] = []
+
+    def log(item: LearnerOutput) -> None:
+        recorder.record([item.row], item.row["iteration"], state=lambda: threaded_checkpoint(item.train_state))
+        schedule.extend(item.records)
+        last[:] = [item]
+
+    with recorder:
+        threads = start_threads(setup, shared, outputs)
+        try:
+            try:
+                interrupted = watch(shared, threads[-1], outputs, log)
+            finally:
+                stop_threads(shared, threads)
+            if not shared.errors:
+                while not outputs.empty():  # rows finished before the stop still count
+                    log(outputs.get_nowait())
+            if last:
+                recorder.final_checkpoint(lambda: threaded_checkpoint(last[0].train_state))
+        finally:
+            recorder.write_schedule("version_schedule.jsonl", schedule)
+    raise_thread_errors(shared, threads)
+    if interrupted:
+        raise KeyboardInterrupt(f"threaded run stopped cleanly after {len(recorder.rows)} learner iterations")
+    final_state = last[0].train_state if last else setup.train_state
+    return recorder.result(
+        threaded_checkpoint(final_state).train_state,
+        setup.compile_seconds,
+        extras={"version_schedule": schedule, "sampler_stats": shared.stats, "placement": setup.placement},
     )
+
+
+MODE = register_mode(
+    Mode(
+        name="threaded",
+        run=run_threaded,
+        checkpoint_like=threaded_checkpoint_like,
+        resumable=False,
+        why_not_resumable="its lag depends on timing",
+    )
+)

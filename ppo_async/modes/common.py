@@ -1,0 +1,209 @@
+"""Parts every mode shares: contexts, env keys, the rollout-then-update body, the jitted host loop.
+
+Sync and simulated are one jitted program per learner iteration, vmapped over seeds; they
+differ only in which params snapshot acts (`rollout_and_update`'s `snapshot`). `run_jitted`
+is their whole host side (and `run_iterations` that of sweeps): it steps the compiled
+program, turns metrics into rows, keeps the sample accounting and hands everything to the
+`RunRecorder`. Iteration k's metrics are fetched while iteration k+1 runs (JAX dispatches
+asynchronously), except when a checkpoint is due after k (the donated state must be saved
+before the next step consumes it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppo_async import envs, learner
+from ppo_async.config import Config
+from ppo_async.learner import Hyperparams, LearnerContext
+from ppo_async.metrics import split_seeds
+from ppo_async.networks import make_actor_critic
+from ppo_async.recorder import RunRecorder
+from ppo_async.result import TrainResult
+from ppo_async.rollout import RolloutContext, rollout
+from ppo_async.types import EnvState, PolicySnapshot, RolloutStats, TrainState
+
+
+def rollout_metrics(stats: RolloutStats) -> dict[str, chex.Array]:
+    """Episode metrics of one rollout: mean return/length of finished episodes (NaN if none)."""
+    count = stats.episode_count
+    safe = jnp.maximum(count, 1.0)
+    return {
+        "episode_return": jnp.where(count > 0, stats.episode_return_sum / safe, jnp.nan),
+        "episode_length": jnp.where(count > 0, stats.episode_length_sum / safe, jnp.nan),
+        "episodes_finished": count,
+        "nonfinite_env_values": stats.nonfinite_count,
+    }
+
+
+def make_contexts(
+    config: Config, lag_buckets: int = 1, axis_name: str | None = None
+) -> tuple[envs.Env, RolloutContext, LearnerContext]:
+    """Env, rollout context and learner context of a config."""
+    env = envs.make_env(config.env)
+    network = make_actor_critic(env, config.network)
+    rollout_ctx = RolloutContext(env=env, network=network, config=config.rollout)
+    learner_ctx = learner.make_learner_context(config, network, lag_buckets=lag_buckets, axis_name=axis_name)
+    return env, rollout_ctx, learner_ctx
+
+
+def sampler_env_key(env_key: chex.PRNGKey, sampler: int) -> chex.PRNGKey:
+    """Env-reset key of sampler s; sync mode is sampler 0, so it matches a one-sampler emulation."""
+    return jax.random.fold_in(env_key, sampler)
+
+
+def seed_keys(config: Config) -> jax.Array:
+    """`[num_seeds]` keys; seed i uses PRNGKey(config.seed + i), so seed s alone reproduces it."""
+    return jnp.stack([jax.random.PRNGKey(config.seed + i) for i in range(config.num_seeds)])
+
+
+def seed_labels(config: Config) -> list[dict[str, Any]]:
+    """One row label per seed of a run."""
+    return [{"seed": config.seed + i} for i in range(config.num_seeds)]
+
+
+def rollout_and_update(
+    rollout_ctx: RolloutContext,
+    learner_ctx: LearnerContext,
+    train_state: TrainState,
+    snapshot: PolicySnapshot,
+    env_state: EnvState,
+    key: chex.PRNGKey,
+    hparams: Hyperparams,
+) -> tuple[TrainState, EnvState, chex.PRNGKey, dict[str, chex.Array]]:
+    """One learner iteration: a rollout acting with `snapshot`, then one PPO update on it.
+
+    Sync passes the learner's own snapshot (lag 0); simulated one read from its ring of past
+    versions. Returns `(train_state, env_state, next key, metrics)`.
+    """
+    key, rollout_key, update_key = jax.random.split(key, 3)
+    env_state, trajectory = rollout(rollout_ctx, snapshot, env_state, rollout_key)
+    train_state, metrics = learner.ppo_update(learner_ctx, train_state, trajectory, update_key, hparams)
+    metrics.update(rollout_metrics(trajectory.stats))
+    metrics["learner_version"] = train_state.version
+    metrics["sgd_steps"] = train_state.sgd_steps
+    return train_state, env_state, key, metrics
+
+
+@dataclass(frozen=True)
+class JittedProgram:
+    """A jitted mode's program, vmapped over seeds (not yet jitted).
+
+    `init(keys [S]) -> states` and `step(states, *args) -> (states, metrics)`;
+    `schedule_records` (simulated mode) are written to RUN_DIR/lag_schedule.jsonl.
+    """
+
+    init: Callable[[jax.Array], Any]
+    step: Callable[..., tuple[Any, dict[str, Any]]]
+    args: tuple
+    schedule_records: list[dict[str, Any]] | None = None
+
+
+def jitted_checkpoint_like(build: Callable[[Config], JittedProgram]) -> Callable[[Config], Any]:
+    """`checkpoint_like(config)` of a jitted mode: the abstract shape of its seed-stacked state."""
+    return lambda config: jax.eval_shape(build(config).init, seed_keys(config))
+
+
+def run_jitted(
+    build: Callable[[Config], JittedProgram], config: Config, recorder: RunRecorder, resume: bool = False
+) -> TrainResult:
+    """The host side of a jitted mode: init (or restore), compile, iterate, return the result."""
+    t0 = time.perf_counter()
+    program = build(config)
+    states = jax.jit(program.init)(seed_keys(config))
+    if resume:
+        states = recorder.resume_from(states)
+    step = jax.jit(program.step, donate_argnums=(0,))
+    compiled = step.lower(states, *program.args).compile()
+    compile_seconds = time.perf_counter() - t0
+    with recorder:
+        if program.schedule_records is not None:
+            recorder.write_schedule("lag_schedule.jsonl", program.schedule_records)
+        states = run_iterations(config, recorder, compiled, states, program.args)
+    return recorder.result(states.train_state, compile_seconds)
+
+
+def metric_rows(
+    config: Config,
+    metrics: dict[str, Any],
+    labels: list[dict[str, Any]],
+    iteration: int,
+    counters: tuple[np.ndarray, np.ndarray],
+    leading_axes: int = 1,
+) -> list[dict[str, Any]]:
+    """One iteration's device-fetched metrics -> one row per label, with the sample accounting.
+
+    `metrics` leaves are `[L, ...]` (or `[C, S, ...]` with `leading_axes=2`, flattened to L).
+    `counters = (consumed, dropped)` per row are updated in place. A jitted mode consumes
+    every batch in the step that produces it, so `samples_resident` is 0.
+    """
+    num_rows = len(labels)
+    consumed, dropped = counters
+    flat = {k: np.reshape(v, (num_rows,) + np.shape(v)[leading_axes:]) for k, v in metrics.items()}
+    rows = split_seeds(flat, num_rows)
+    produced = iteration * config.batch_size
+    for i, row in enumerate(rows):
+        row.update(labels[i])
+        consumed[i] += row.pop("consumed")
+        dropped[i] += row["dropped_stale"]
+        row.update(
+            iteration=iteration,
+            env_steps=produced,
+            samples_produced=produced,
+            samples_consumed=int(consumed[i]),
+            samples_dropped=int(dropped[i]),
+            samples_resident=0,
+        )
+    return rows
+
+
+def run_iterations(
+    config: Config,
+    recorder: RunRecorder,
+    compiled_step: Callable,
+    states: Any,
+    args: tuple,
+    leading_axes: int = 1,
+) -> Any:
+    """Steps `compiled_step(states, *args) -> (states, metrics)` from `recorder.first_iteration`
+    to `config.num_iterations`, handing each iteration's rows (and state) to the recorder.
+
+    Returns the final states. Rows carry `wall_time` (since the loop started, plus the time
+    before a resumed checkpoint) and `steps_per_second` (transitions of all rows / the time
+    between this iteration's metrics arriving and the previous one's).
+    """
+    labels = recorder.labels
+    counters = (recorder.resumed_counter("samples_consumed"), recorder.resumed_counter("samples_dropped"))
+    start = last = time.perf_counter()
+    rate_scale = config.batch_size * len(labels)
+
+    def flush(iteration: int, metrics: Any, state: Any = None) -> None:
+        nonlocal last
+        host = jax.device_get(metrics)
+        now = time.perf_counter()
+        rows = metric_rows(config, host, labels, iteration, counters, leading_axes)
+        for row in rows:
+            row.update(wall_time=now - start + recorder.wall_offset, steps_per_second=rate_scale / max(now - last, 1e-9))
+        last = now
+        recorder.record(rows, iteration, state=None if state is None else (lambda: state))
+
+    pending = None
+    for iteration in range(recorder.first_iteration, config.num_iterations + 1):
+        states, metrics = compiled_step(states, *args)
+        if pending is not None:
+            flush(*pending)  # iteration - 1's rows, while this one runs
+            pending = None
+        if recorder.checkpoint_due(iteration):
+            flush(iteration, metrics, states)  # saved before the next step donates it
+        else:
+            pending = (iteration, metrics)
+    if pending is not None:
+        flush(*pending)
+    return states

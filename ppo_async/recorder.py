@@ -1,0 +1,307 @@
+"""`RunRecorder`: everything a run writes and checks, for every mode (side effects: disk I/O).
+
+Host loops say *when* (a learner iteration's rows are ready, a state can be saved); the
+recorder says *what is written*: the run directory (created, reset or refused), config.json,
+metrics.jsonl, TensorBoard events, W&B, the progress bar, the non-finite checks, the sample
+accounting identity `produced = consumed + dropped + resident`, checkpoint cadence and
+metadata, the lag / version schedule, the final plots and the `TrainResult`. No mode opens a
+file itself.
+
+    recorder = RunRecorder(config, labels=[{"seed": 0}], progress=True)
+    state = recorder.resume_from(state_like)          # only when resuming
+    with recorder:                                   # opens the writers
+        for iteration in ...:
+            recorder.record(rows, iteration, state=lambda: state)
+    result = recorder.result(final_state, compile_seconds)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ppo_async import rundir
+from ppo_async.checkpoint import Checkpointer
+from ppo_async.config import Config, ConfigError, config_to_dict
+from ppo_async.lag import write_schedule
+from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, scalar_items
+from ppo_async.result import TrainResult
+
+LOSS_FIELDS = ("policy_loss", "value_loss", "entropy", "approx_kl")
+ACCOUNTING_FIELDS = ("samples_produced", "samples_consumed", "samples_dropped", "samples_resident")
+# Fields that may differ between a run and its resumption (they do not change the maths).
+RESUME_FREE_FIELDS = ("run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project")
+
+
+def describe(label: Mapping[str, Any]) -> str:
+    """`{"seed": 1, "config_id": 2}` -> "seed 1, config_id 2"."""
+    return ", ".join(f"{k} {v}" for k, v in label.items())
+
+
+def check_env_values(row: Mapping[str, Any], env: str, iteration: int) -> None:
+    """Raises NonFiniteError when the rollout behind a row saw NaN/inf observations or rewards."""
+    count = row.get("nonfinite_env_values")
+    if count:
+        where = describe({k: row[k] for k in ("config_id", "seed", "sampler_id") if k in row})
+        raise NonFiniteError(
+            f"env {env!r} produced {count} NaN/inf observations or rewards in iteration {iteration} ({where})"
+        )
+
+
+def check_accounting(row: Mapping[str, Any], iteration: int) -> None:
+    """Raises AssertionError unless `samples_produced = consumed + dropped + resident` in the row."""
+    produced, consumed, dropped, resident = (row[name] for name in ACCOUNTING_FIELDS)
+    if produced != consumed + dropped + resident:
+        where = describe({k: row[k] for k in ("config_id", "seed") if k in row})
+        raise AssertionError(
+            f"sample accounting broken at iteration {iteration} ({where}): produced {produced} != consumed "
+            f"{consumed} + dropped {dropped} + resident {resident}"
+        )
+
+
+def make_tb_writer(run_dir: str, config: Config, first_iteration: int = 1) -> Any:
+    """A tensorboardX SummaryWriter on RUN_DIR/tb (global step = env steps per seed).
+
+    When resuming, events at or after the first recomputed iteration are purged by TensorBoard.
+    """
+    from tensorboardX import SummaryWriter
+
+    purge = (first_iteration - 1) * config.batch_size + 1 if first_iteration > 1 else None
+    return SummaryWriter(logdir=os.path.join(run_dir, "tb"), purge_step=purge, flush_secs=10)
+
+
+def _row_prefix(row: Mapping[str, Any], label_keys: Iterable[str]) -> str:
+    return "_".join(f"{k}_{row[k]}" for k in sorted(label_keys) if k in row)
+
+
+def write_tb_rows(writer: Any, rows: Sequence[Mapping[str, Any]], label_keys: set[str]) -> None:
+    """Every scalar metric of one iteration's rows; tags are `name`, or `seed_S/name` with several rows."""
+    many = len(rows) > 1
+    for row in rows:
+        prefix = _row_prefix(row, label_keys) + "/" if many else ""
+        step = int(row["env_steps"])
+        for name, value in scalar_items(row).items():
+            if name not in label_keys and name not in ("iteration", "env_steps"):
+                writer.add_scalar(prefix + name, value, global_step=step)
+
+
+def wandb_row(rows: Sequence[Mapping[str, Any]], label_keys: set[str]) -> dict[str, float]:
+    """One W&B log entry for an iteration: each row's scalars, prefixed by its labels when several."""
+    if len(rows) == 1:
+        return scalar_items(rows[0])
+    out = {}
+    for row in rows:
+        prefix = _row_prefix(row, label_keys)
+        out.update({f"{prefix}/{k}": v for k, v in scalar_items(row).items() if k not in label_keys})
+    return out
+
+
+def open_wandb(config: Config) -> Any:
+    """A Weights & Biases run when `config.wandb_project` is set, else None.
+
+    W&B is optional: when asked for without the package installed this raises ConfigError
+    (naming the field) rather than running without the logging the user asked for. The run
+    is named after the run directory and carries the whole config.
+    """
+    if config.wandb_project is None:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError(
+            f"wandb_project = {config.wandb_project!r} needs the wandb package: pip install wandb "
+            "(or leave wandb_project unset)"
+        ) from None
+    name = os.path.basename(os.path.normpath(config.run_dir)) if config.run_dir else None
+    return wandb.init(project=config.wandb_project, name=name, config=config_to_dict(config), dir=config.run_dir)
+
+
+class RunRecorder:
+    """Owns every output of one run (or of one sweep group, with no run directory).
+
+    Args:
+      config: the run's config; `config.run_dir = None` writes no file.
+      labels: one dict per row of an iteration (e.g. `{"seed": 3}`, or config_id + seed in a
+        sweep), added to that row.
+      progress: show a console progress bar.
+      on_iteration: called with each iteration's rows after they are recorded.
+      keep_rows: keep every row in memory for the `TrainResult`.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        labels: Sequence[Mapping[str, Any]],
+        *,
+        progress: bool = False,
+        on_iteration: Callable[[list[dict[str, Any]]], None] | None = None,
+        keep_rows: bool = True,
+    ) -> None:
+        self.config = config
+        self.labels = [dict(label) for label in labels]
+        self.run_dir = config.run_dir
+        self.progress = progress
+        self.on_iteration = on_iteration
+        self.keep_rows = keep_rows
+        self.first_iteration = 1
+        self.resumed_meta: dict[str, Any] | None = None
+        self.rows: list[dict[str, Any]] = []
+        self.last_saved_iteration = 0
+        self.last_iteration = 0
+        self._label_keys = {k for label in self.labels for k in label}
+        self._writer = self._tb = self._wandb = self._checkpointer = self._bar = None
+        self._open = False
+
+    # ------------------------------------------------------------------ set-up
+
+    def resume_from(self, state_like: Any) -> Any:
+        """Restores the latest checkpoint of `config.run_dir` into `state_like`'s structure.
+
+        Checks that the config matches the checkpoint's (up to `RESUME_FREE_FIELDS`), cuts
+        metrics.jsonl back to the checkpoint's iteration and remembers its counters; returns
+        the restored state. Call before opening the recorder.
+        """
+        if not self.run_dir:
+            raise ConfigError("resume=True needs config.run_dir (the run to continue)")
+        state, meta = rundir.restore_checkpoint(self.run_dir, state_like, self.config.keep_checkpoints)
+        rundir.check_config_matches(self.config, meta, RESUME_FREE_FIELDS)
+        iteration = int(meta["iteration"])
+        self.rows = rundir.truncate_metrics(self.run_dir, iteration, len(self.labels))
+        self.first_iteration = iteration + 1
+        self.last_saved_iteration = self.last_iteration = iteration
+        self.resumed_meta = meta
+        return state
+
+    def resumed_counter(self, name: str) -> np.ndarray:
+        """Per row, a counter (e.g. `samples_consumed`) at the resumed checkpoint; zeros when fresh."""
+        if self.resumed_meta is None:
+            return np.zeros(len(self.labels), np.int64)
+        return np.asarray(self.resumed_meta[name], np.int64)
+
+    @property
+    def wall_offset(self) -> float:
+        """Wall time already spent before a resumed checkpoint (0 when fresh)."""
+        return float(self.resumed_meta["wall_time"]) if self.resumed_meta is not None else 0.0
+
+    def open(self) -> "RunRecorder":
+        """Prepares the run directory (fresh: create or reset; resumed: keep) and opens the writers."""
+        config, run_dir = self.config, self.run_dir
+        resuming = self.resumed_meta is not None
+        try:
+            if run_dir:
+                if not resuming:
+                    rundir.prepare_fresh(run_dir)
+                rundir.write_config(run_dir, config)
+                self._writer = JsonlWriter(os.path.join(run_dir, rundir.METRICS_FILE), append=resuming)
+                self._tb = make_tb_writer(run_dir, config, self.first_iteration)
+                self._checkpointer = Checkpointer(rundir.checkpoint_dir(run_dir), max_to_keep=config.keep_checkpoints)
+            self._wandb = open_wandb(config)
+        except BaseException:
+            self.close()
+            raise
+        self._bar = Progress(config.num_iterations * config.batch_size, enabled=self.progress, desc=f"{config.env} {config.mode}")
+        self._open = True
+        return self
+
+    def __enter__(self) -> "RunRecorder":
+        return self if self._open else self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes every writer (idempotent)."""
+        for closeable in (self._bar, self._writer, self._tb, self._checkpointer):
+            if closeable is not None:
+                closeable.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        self._writer = self._tb = self._wandb = self._checkpointer = self._bar = None
+        self._open = False
+
+    # ------------------------------------------------------------------ per iteration
+
+    def checkpoint_due(self, iteration: int) -> bool:
+        """Whether a checkpoint is written after `iteration`: every `checkpoint_every` and after the last."""
+        if not self.run_dir:
+            return False
+        every = self.config.checkpoint_every
+        return iteration == self.config.num_iterations or (every > 0 and iteration % every == 0)
+
+    def record(self, rows: list[dict[str, Any]], iteration: int, state: Callable[[], Any] | None = None) -> None:
+        """Checks and writes one learner iteration's rows (one per label), then checkpoints if due.
+
+        Every row must carry the `ACCOUNTING_FIELDS` and `env_steps`. Raises NonFiniteError
+        for NaN/inf env values or losses, AssertionError when the accounting identity fails.
+        `state()` returns the pytree to checkpoint (called only when one is due).
+        """
+        for row in rows:
+            check_env_values(row, self.config.env, iteration)
+            check_accounting(row, iteration)
+        check_finite(rows, LOSS_FIELDS, iteration)
+        if self._writer is not None:
+            for row in rows:
+                self._writer.write(row)
+        if self._tb is not None:
+            write_tb_rows(self._tb, rows, self._label_keys)
+        if self._wandb is not None:
+            self._wandb.log(wandb_row(rows, self._label_keys), step=int(rows[0]["env_steps"]))
+        self.last_iteration = iteration
+        if state is not None and self.checkpoint_due(iteration):
+            self.save_checkpoint(iteration, state(), rows)
+        if self.keep_rows:
+            self.rows.extend(rows)
+        if self._bar is not None:
+            self._bar.update(int(rows[0]["env_steps"]), rows[0])
+        if self.on_iteration is not None:
+            self.on_iteration(rows)
+
+    def save_checkpoint(self, iteration: int, state: Any, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Writes checkpoint `iteration` with the metadata a resume needs (counters per row)."""
+        if self._checkpointer is None:
+            return
+        meta = {
+            "format": rundir.CHECKPOINT_FORMAT,
+            "mode": self.config.mode,
+            "config": config_to_dict(self.config),
+            "iteration": iteration,
+            "env_steps": int(rows[0]["env_steps"]),
+            "labels": self.labels,
+            "samples_consumed": [int(row["samples_consumed"]) for row in rows],
+            "samples_dropped": [int(row["samples_dropped"]) for row in rows],
+            "wall_time": float(rows[0]["wall_time"]),
+        }
+        self._checkpointer.save(iteration, state, meta)
+        self.last_saved_iteration = iteration
+
+    def final_checkpoint(self, state: Callable[[], Any]) -> None:
+        """Checkpoints the last recorded iteration unless it was just saved (runs stopped early)."""
+        if self._checkpointer is not None and self.last_iteration > self.last_saved_iteration and self.rows:
+            self.save_checkpoint(self.last_iteration, state(), self.rows[-len(self.labels):])
+
+    def write_schedule(self, filename: str, records: Iterable[Mapping[str, Any]]) -> None:
+        """Writes RUN_DIR/filename (the lag or version schedule, `ppo_async.lag` format)."""
+        if self.run_dir:
+            write_schedule(os.path.join(self.run_dir, filename), records)
+
+    # ------------------------------------------------------------------ the end
+
+    def result(self, train_state: Any, compile_seconds: float, extras: dict[str, Any] | None = None) -> TrainResult:
+        """Writes the PNG plots (with a run directory) and returns the run's `TrainResult`."""
+        if self.run_dir:
+            from ppo_async.plots import plot_run  # matplotlib is slow to import
+
+            plot_run(self.run_dir)
+        extras = dict(extras or {})
+        if self.resumed_meta is not None:
+            extras["first_iteration"] = self.first_iteration
+        return TrainResult(
+            config=self.config,
+            train_state=train_state,
+            metrics=self.rows,
+            compile_seconds=compile_seconds,
+            run_seconds=self.rows[-1]["wall_time"] if self.rows else 0.0,
+            extras=extras,
+        )

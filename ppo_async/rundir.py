@@ -1,0 +1,155 @@
+"""Run directories: where a run's files live, and the checks on them (side effects: disk I/O).
+
+A run directory holds `config.json` (the resolved config), `metrics.jsonl` (one row per
+seed x learner iteration), `checkpoints/` (orbax steps), `tb/` (TensorBoard events), the lag
+or version schedule (`lag_schedule.jsonl` / `version_schedule.jsonl`) and the PNG plots.
+`RunRecorder` (ppo_async.recorder) is the only writer; this module is the leaf it and the
+readers (`load`, `resume`, `plot`) share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+from ppo_async.checkpoint import Checkpointer, CheckpointError
+from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict
+from ppo_async.metrics import read_jsonl
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+# Files and folders a run writes; a fresh run in an existing run directory removes them first.
+RUN_OUTPUTS = (METRICS_FILE, "checkpoints", "tb", "lag_schedule.jsonl", "version_schedule.jsonl")
+
+# Version of what a checkpoint's `state` item holds. 2: the optimiser state is optax's
+# inject_hyperparams(chain(clip_by_global_norm, frozen-critic Adam, scale_by_learning_rate)).
+# Checkpoints without a `format` in their metadata (format 1) hold a bare Adam state.
+CHECKPOINT_FORMAT = 2
+
+
+def checkpoint_dir(run_dir: str) -> str:
+    """RUN_DIR/checkpoints."""
+    return os.path.join(run_dir, "checkpoints")
+
+
+def write_config(run_dir: str, config: Config) -> None:
+    """Writes RUN_DIR/config.json (the resolved config)."""
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, CONFIG_FILE), "w", encoding="utf-8") as f:
+        json.dump(config_to_dict(config), f, indent=2)
+
+
+def read_run_config(run_dir: str) -> Config:
+    """The Config of a run directory (RUN_DIR/config.json), with run_dir set to `run_dir`."""
+    path = os.path.join(run_dir, CONFIG_FILE)
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"run directory {run_dir!r} does not exist")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{run_dir!r} is not a run directory: no config.json in it")
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: cannot parse: {exc}") from None
+    return config_from_dict(data).replace(run_dir=os.fspath(run_dir))
+
+
+def prepare_fresh(run_dir: str) -> None:
+    """Makes `run_dir` ready for a fresh run: create it, reset it, or refuse it.
+
+    A missing or empty directory is created / used; a run directory (one with config.json)
+    has its previous outputs (`RUN_OUTPUTS`, the PNG plots) removed, since the new
+    metrics.jsonl starts over. A non-empty directory that is not a run directory is refused
+    (ConfigError), so a mistyped run_dir never deletes someone's files.
+    """
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise ConfigError(f"run_dir = {run_dir!r} is invalid: it is a file, not a directory")
+    if os.path.isdir(run_dir) and os.listdir(run_dir) and not os.path.isfile(os.path.join(run_dir, CONFIG_FILE)):
+        raise ConfigError(
+            f"run_dir = {run_dir!r} is invalid: the directory is not empty and is not a ppo_async run directory "
+            f"(no {CONFIG_FILE}); choose a new or empty directory"
+        )
+    os.makedirs(run_dir, exist_ok=True)
+    for name in os.listdir(run_dir):
+        path = os.path.join(run_dir, name)
+        if name in RUN_OUTPUTS or name.endswith(".png"):
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+
+
+def check_config_matches(config: Config, meta: dict[str, Any], free_fields: tuple[str, ...]) -> None:
+    """Raises ConfigError naming every field (but `free_fields`) where `config` differs from a checkpoint's."""
+    saved = dict(meta.get("config", {}))
+    now = config_to_dict(config)
+    for name in free_fields:
+        saved.pop(name, None)
+        now.pop(name, None)
+    if saved != now:
+        diffs = _dict_diff(saved, now)
+        raise ConfigError(
+            "cannot resume: the config differs from the checkpoint's in " + ", ".join(diffs[:8])
+            + (" ..." if len(diffs) > 8 else "")
+            + " (a resumed run must have the same config to continue it exactly)"
+        )
+
+
+def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out.extend(_dict_diff(x, y, prefix + key + "."))
+        elif x != y:
+            out.append(f"{prefix}{key} ({x!r} in the checkpoint, {y!r} now)")
+    return out
+
+
+def restore_checkpoint(run_dir: str, state_like: Any, keep: int, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """`(state, metadata)` of the latest (or `step`) checkpoint of a run directory.
+
+    Raises CheckpointError when there is no checkpoint, or when it was written in an older
+    format (before the optax optimiser chain) with a message saying so, before any array is read.
+    """
+    ckpt_dir = checkpoint_dir(run_dir)
+    if not os.path.isdir(ckpt_dir):
+        raise CheckpointError(f"no checkpoints in {run_dir!r} (no {ckpt_dir})")
+    with Checkpointer(ckpt_dir, max_to_keep=keep) as ckpt:
+        meta = ckpt.metadata(step)
+        found = meta.get("format", 1)
+        if found != CHECKPOINT_FORMAT:
+            raise CheckpointError(
+                f"the checkpoint in {ckpt_dir} has format {found}, written by "
+                f"{'an older' if found < CHECKPOINT_FORMAT else 'a newer'} version of ppo_async; this version reads "
+                f"format {CHECKPOINT_FORMAT} (format 2 keeps the optax optimiser chain state, format 1 a bare Adam "
+                "state). Retrain, or load it with the ppo_async version that wrote it."
+            )
+        return ckpt.restore(state_like, step=step)
+
+
+def truncate_metrics(run_dir: str, iteration: int, num_rows: int) -> list[dict[str, Any]]:
+    """Cuts RUN_DIR/metrics.jsonl back to the rows of iterations <= `iteration` (atomically).
+
+    Rows after a checkpoint are recomputed by the resumed run, so they are dropped here (a torn
+    last line of a killed run goes too). Returns the rows kept.
+    """
+    path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"cannot resume {run_dir!r}: no metrics.jsonl")
+    kept = [row for row in read_jsonl(path) if row.get("iteration", 0) <= iteration]
+    if len(kept) != iteration * num_rows:
+        raise CheckpointError(
+            f"cannot resume {run_dir!r}: metrics.jsonl has {len(kept)} rows up to iteration {iteration}, "
+            f"expected {iteration * num_rows} ({num_rows} per iteration)"
+        )
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in kept:
+            f.write(json.dumps(row, allow_nan=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return kept
