@@ -41,7 +41,7 @@ import numpy as np
 from ppo_async.config import Config, ConfigError, LagConfig, get_path, replace_path
 from ppo_async.lag import make_schedule
 from ppo_async.learner import TRACED_CONFIG_FIELDS, hyperparams_from_config
-from ppo_async.modes.common import run_iterations
+from ppo_async.modes.common import over_seeds, run_iterations
 from ppo_async.modes.simulated import make_simulated_program, schedule_arrays
 from ppo_async.recorder import RunRecorder
 
@@ -166,7 +166,7 @@ class GroupProgram:
     schedules: list
 
 
-def _group_program(points: list, members: list[int], totals: SweepTotals) -> GroupProgram:
+def _group_program(points: list, members: list[int], num_seeds: int, totals: SweepTotals) -> GroupProgram:
     cfgs = [points[i][1] for i in members]
     schedules = [make_schedule(c.lag, c.num_iterations) for c in cfgs]
     program = make_simulated_program(cfgs[0], max(s.ring_size for s in schedules))
@@ -177,8 +177,8 @@ def _group_program(points: list, members: list[int], totals: SweepTotals) -> Gro
 
     return GroupProgram(
         configs=cfgs,
-        seed_step=jax.vmap(counted_iteration, in_axes=(0, None, None)),
-        init=jax.jit(jax.vmap(program.init)),
+        seed_step=over_seeds(counted_iteration, num_seeds, in_axes=(0, None, None)),
+        init=jax.jit(over_seeds(program.init, num_seeds)),
         hparams=[hyperparams_from_config(c) for c in cfgs],
         schedules=[schedule_arrays(s) for s in schedules],
     )
@@ -201,7 +201,7 @@ def _run(config: Config, labels: list, compiled: Any, states: Any, args: tuple, 
 def _run_group_vmap(points: list, members: list[int], seed_list: list[int], totals: SweepTotals, progress: bool) -> None:
     """All configs x seeds of a group as one batched program."""
     t0 = time.perf_counter()
-    group = _group_program(points, members, totals)
+    group = _group_program(points, members, len(seed_list), totals)
     stack = lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
     args = (stack(group.hparams), stack(group.schedules))
     states = group.init(jnp.stack([jax.random.PRNGKey(s) for s in seed_list]))
@@ -216,7 +216,7 @@ def _run_group_vmap(points: list, members: list[int], seed_list: list[int], tota
 def _run_group_loop(points: list, members: list[int], seed_list: list[int], totals: SweepTotals, progress: bool) -> None:
     """One compiled (seed-vmapped) program, called once per config of the group."""
     t0 = time.perf_counter()
-    group = _group_program(points, members, totals)
+    group = _group_program(points, members, len(seed_list), totals)
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seed_list])
     step = jax.jit(group.seed_step, donate_argnums=(0,))
     compiled = step.lower(group.init(keys), group.hparams[0], group.schedules[0]).compile()

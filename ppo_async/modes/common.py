@@ -69,6 +69,24 @@ def seed_labels(config: Config) -> list[dict[str, Any]]:
     return [{"seed": config.seed + i} for i in range(config.num_seeds)]
 
 
+def over_seeds(fn: Callable, num_seeds: int, in_axes: int | None | tuple = 0) -> Callable:
+    """`jax.vmap(fn, in_axes)` over a leading seed axis of size `num_seeds`.
+
+    With one seed the function runs unbatched and the axis is dropped from the inputs and
+    added to the outputs (free reshapes under jit): XLA:CPU runs the matmuls of a batch-1
+    vmap as batched dots, measured 0.78x the speed of the plain program at the peer shape.
+    """
+    if num_seeds > 1:
+        return jax.vmap(fn, in_axes=in_axes)
+
+    def one_seed(*args: Any) -> Any:
+        axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+        args = tuple(a if ax is None else jax.tree.map(lambda x: x[0], a) for a, ax in zip(args, axes))
+        return jax.tree.map(lambda x: x[None], fn(*args))
+
+    return one_seed
+
+
 def rollout_and_update(
     rollout_ctx: RolloutContext,
     learner_ctx: LearnerContext,

@@ -31,6 +31,7 @@ from ppo_async.modes.common import (
     JittedProgram,
     jitted_checkpoint_like,
     make_contexts,
+    over_seeds,
     rollout_and_update,
     run_jitted,
     sampler_env_key,
@@ -172,8 +173,8 @@ def build_simulated(config: Config) -> JittedProgram:
     """The seed-vmapped simulated program of a config, with its schedule."""
     program, schedule = simulated_setup(config)
     return JittedProgram(
-        init=jax.vmap(program.init),
-        step=jax.vmap(program.iteration, in_axes=(0, None, None)),
+        init=over_seeds(program.init, config.num_seeds),
+        step=over_seeds(program.iteration, config.num_seeds, in_axes=(0, None, None)),
         args=(hyperparams_from_config(config), schedule_arrays(schedule)),
         schedule_records=schedule_records(schedule),
     )

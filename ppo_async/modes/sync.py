@@ -23,6 +23,7 @@ from ppo_async.modes.common import (
     JittedProgram,
     jitted_checkpoint_like,
     make_contexts,
+    over_seeds,
     rollout_and_update,
     run_jitted,
     sampler_env_key,
@@ -88,8 +89,8 @@ def build_sync(config: Config) -> JittedProgram:
     """The seed-vmapped sync program of a config."""
     program = make_sync_program(config)
     return JittedProgram(
-        init=jax.vmap(program.init),
-        step=jax.vmap(program.iteration, in_axes=(0, None)),
+        init=over_seeds(program.init, config.num_seeds),
+        step=over_seeds(program.iteration, config.num_seeds, in_axes=(0, None)),
         args=(hyperparams_from_config(config),),
     )
 
