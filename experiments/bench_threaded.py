@@ -58,25 +58,19 @@ import jax
 import tyro
 
 import ppo_async as pa
-from ppo_async import envs, learner
 from ppo_async.buffer import RingBuffer
-from ppo_async.learner import hyperparams_from_config
-from ppo_async.modes.sync import make_contexts, sampler_env_key
 from ppo_async.modes.threaded import (
     POLL_S,
     RunShared,
     SamplerStats,
+    ThreadedSetup,
     learner_loop,
-    make_learner_update,
-    resolve_placement,
+    make_threaded_setup,
     sampler_loop,
 )
-from ppo_async.param_store import ParamStore
-from ppo_async.rollout import concat_trajectories, rollout
 from ppo_async.types import snapshot_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LAG_BUCKETS = 16  # what train_threaded uses when lag.max_lag is None
 SAMPLER_TARGET = 0.9
 STRAGGLER_TARGET = 2.0
 
@@ -111,42 +105,8 @@ QUICK = dict(
 
 
 # ----------------------------------------------------------------------------------------
-# Shared set-up (what train_threaded builds before its threads start)
+# Shared set-up (the library's make_threaded_setup, what train_threaded builds before its threads start)
 # ----------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Setup:
-    """One config's compiled pieces and initial state, shared by both sides of (a) and (b)."""
-
-    config: pa.Config
-    sampler_device: Any
-    buffer_device: Any  # the first learner device (the same as the sampler's on a one-device machine)
-    rollout_fn: Callable
-    update: Callable
-    place_trajectory: Callable
-    merge: Callable
-    train_state: Any
-    hparams: Any
-    env_state: Any
-    key: jax.Array  # the sampler's, on its device
-    learner_key: jax.Array
-    example: Any  # one rollout chunk on the buffer device
-
-    @property
-    def chunks_per_batch(self) -> int:
-        return self.config.threaded.effective_chunks_per_batch
-
-    def batch(self) -> Any:
-        """`chunks_per_batch` copies of the example chunk, merged and placed as the learner would."""
-        chunks = [self.example] * self.chunks_per_batch
-        return self.place_trajectory(self.merge(chunks) if len(chunks) > 1 else chunks[0])
-
-    def shared(self, buffer: RingBuffer, num_samplers: int, total_iterations: int = 1) -> RunShared:
-        config = self.config.replace(total_env_steps=total_iterations * self.config.batch_size)
-        stats = [SamplerStats() for _ in range(num_samplers)]
-        store = ParamStore(snapshot_of(self.train_state))
-        return RunShared(config, store, buffer, threading.Event(), [], stats, self.buffer_device)
 
 
 def parse_shape(shape: str) -> tuple[int, ...]:
@@ -154,41 +114,22 @@ def parse_shape(shape: str) -> tuple[int, ...]:
     return tuple(int(x) for x in shape.lower().split("x"))
 
 
-def make_setup(num_envs: int, num_steps: int, chunks_per_batch: int = 1, seed: int = 0) -> Setup:
-    """Contexts, jitted rollout / update / merge (compiled here), train state, envs and key."""
+def make_setup(num_envs: int, num_steps: int, chunks_per_batch: int = 1, seed: int = 0) -> ThreadedSetup:
+    """One config's compiled pieces and initial state (the library's threaded set-up), shared by (a) and (b)."""
     config = pa.Config(
         mode="threaded",
         seed=seed,
         rollout=pa.RolloutConfig(num_envs=num_envs, num_steps=num_steps),
         threaded=pa.ThreadedConfig(num_samplers=1, chunks_per_batch=chunks_per_batch),
     )
-    placement = resolve_placement(config)
-    device = placement.sampler_devices[0]  # on several devices the learner gets others (auto placement)
-    _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=LAG_BUCKETS)
-    update, place_state, place_trajectory = make_learner_update(config, placement, LAG_BUCKETS)
-    param_key, env_key, run_key = jax.random.split(jax.random.PRNGKey(seed), 3)
-    train_state = place_state(learner.init_train_state(learner_ctx, param_key, rollout_ctx.env.obs_shape))
-    env_state = jax.device_put(envs.reset_envs(rollout_ctx.env, sampler_env_key(env_key, 0), num_envs), device)
-    key = jax.device_put(run_key, device)
-    rollout_fn = jax.jit(lambda snap, es, k: rollout(rollout_ctx, snap, es, k))
-    _, example = rollout_fn(jax.device_put(snapshot_of(train_state), device), env_state, key)
-    setup = Setup(
-        config=config,
-        sampler_device=device,
-        buffer_device=placement.buffer_device,
-        rollout_fn=rollout_fn,
-        update=update,
-        place_trajectory=place_trajectory,
-        merge=jax.jit(lambda chunks: concat_trajectories(chunks)),
-        train_state=train_state,
-        hparams=place_state(hyperparams_from_config(config)),
-        env_state=env_state,
-        key=key,
-        learner_key=place_state(run_key),
-        example=jax.device_put(example, placement.buffer_device),
-    )
-    jax.block_until_ready(update(train_state, setup.batch(), setup.learner_key, setup.hparams))  # compile
-    return setup
+    return make_threaded_setup(config)  # compiles the rollout, merge and update
+
+
+def bench_shared(setup: ThreadedSetup, buffer: RingBuffer, num_samplers: int, total_iterations: int = 1) -> RunShared:
+    """`setup.shared(buffer)` with `num_samplers` sampler stats and a run of `total_iterations` learner iterations."""
+    config = setup.config.replace(total_env_steps=total_iterations * setup.config.batch_size)
+    stats = [SamplerStats() for _ in range(num_samplers)]
+    return dataclasses.replace(setup.shared(buffer), config=config, stats=stats)
 
 
 def run_thread(shared: RunShared, target: Callable, args: tuple, name: str) -> threading.Thread:
@@ -214,10 +155,10 @@ def finish(shared: RunShared, thread: threading.Thread) -> None:
 # ----------------------------------------------------------------------------------------
 
 
-def pure_rollout(setup: Setup, seconds: float) -> float:
+def pure_rollout(setup: ThreadedSetup, seconds: float) -> float:
     """Env steps/s of the jitted rollout in a main-thread loop (split + block each call)."""
-    snapshot = jax.device_put(snapshot_of(setup.train_state), setup.sampler_device)
-    env_state, key = setup.env_state, setup.key
+    snapshot = jax.device_put(snapshot_of(setup.train_state), setup.placement.sampler_devices[0])
+    env_state, key = setup.env_states[0], setup.sampler_keys[0]
     chunks, t0 = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - t0) < seconds:
         key, rollout_key = jax.random.split(key)
@@ -227,13 +168,13 @@ def pure_rollout(setup: Setup, seconds: float) -> float:
     return chunks * setup.config.chunk_size / elapsed
 
 
-def threaded_sampler(setup: Setup, seconds: float, buffer: RingBuffer) -> float:
+def threaded_sampler(setup: ThreadedSetup, seconds: float, buffer: RingBuffer) -> float:
     """Env steps/s of one `sampler_loop` thread, no learner, over `seconds` of wall time.
 
     A rollout still in flight when the window closes is not counted (at most one chunk).
     """
-    shared = setup.shared(buffer, num_samplers=1)
-    args = (0, setup.rollout_fn, setup.env_state, setup.key, setup.sampler_device)
+    shared = bench_shared(setup, buffer, num_samplers=1)
+    args = (0, setup.rollout_fn, setup.env_states[0], setup.sampler_keys[0], setup.placement.sampler_devices[0])
     thread = run_thread(shared, sampler_loop, args, "sampler")
     time.sleep(seconds)
     produced, elapsed = shared.stats[0].produced, time.perf_counter() - shared.start
@@ -246,7 +187,7 @@ def threaded_sampler(setup: Setup, seconds: float, buffer: RingBuffer) -> float:
 # ----------------------------------------------------------------------------------------
 
 
-def pure_update(setup: Setup, iterations: int) -> float:
+def pure_update(setup: ThreadedSetup, iterations: int) -> float:
     """Iterations/s of the jitted update on one batch, `device_get(metrics)` each call (first excluded)."""
     batch, state, key = setup.batch(), setup.train_state, setup.learner_key
     t0 = 0.0
@@ -259,14 +200,14 @@ def pure_update(setup: Setup, iterations: int) -> float:
     return (iterations - 1) / (time.perf_counter() - t0)
 
 
-def threaded_learner(setup: Setup, iterations: int) -> float:
+def threaded_learner(setup: ThreadedSetup, iterations: int) -> float:
     """Iterations/s of one `learner_loop` thread on a pre-filled buffer (first iteration excluded)."""
-    num_chunks = iterations * setup.chunks_per_batch
-    buffer = RingBuffer(setup.example, num_chunks, "block", device=setup.buffer_device)
+    num_chunks = iterations * setup.config.threaded.effective_chunks_per_batch
+    buffer = RingBuffer(setup.example, num_chunks, "block", device=setup.placement.buffer_device)
     buffer.warm_up(setup.example)  # as train_threaded does, before its clock starts
     for _ in range(num_chunks):
         buffer.put(setup.example, timeout=None, tag=(0, 0.0, 0))  # (sampler_id, made_at, policy_version), as sampler_loop tags
-    shared = setup.shared(buffer, num_samplers=0, total_iterations=iterations)
+    shared = bench_shared(setup, buffer, num_samplers=0, total_iterations=iterations)
     outputs: queue.Queue = queue.Queue()
     state, key = setup.train_state, setup.learner_key
     args = (setup.update, setup.merge, setup.place_trajectory, state, key, setup.hparams, outputs)
@@ -437,9 +378,9 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
-def measure_sampler(args: Args, setup: Setup) -> dict[str, Any]:
+def measure_sampler(args: Args, setup: ThreadedSetup) -> dict[str, Any]:
     """(a) for one rollout shape."""
-    buffer = RingBuffer(setup.example, 4, "overwrite_oldest", device=setup.buffer_device)  # never blocks
+    buffer = RingBuffer(setup.example, 4, "overwrite_oldest", device=setup.placement.buffer_device)  # never blocks
     buffer.warm_up(setup.example)
     pure_rollout(setup, 0.2)  # warm-up: compiles the key split
     return compare(
@@ -449,7 +390,7 @@ def measure_sampler(args: Args, setup: Setup) -> dict[str, Any]:
     )
 
 
-def measure_learner(args: Args, setup: Setup) -> dict[str, Any]:
+def measure_learner(args: Args, setup: ThreadedSetup) -> dict[str, Any]:
     """(b) for one learner batch; the iteration count is sized from a short pure run."""
     t0 = time.perf_counter()
     pure_update(setup, 6)
@@ -505,9 +446,9 @@ def main(args: Args) -> dict:
         "args": dataclasses.asdict(args),
         "machine": {"cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in os.getloadavg()]},
     }
-    setups: dict[tuple[int, int, int], Setup] = {}
+    setups: dict[tuple[int, int, int], ThreadedSetup] = {}
 
-    def setup_for(num_envs: int, num_steps: int, chunks_per_batch: int = 1) -> Setup:
+    def setup_for(num_envs: int, num_steps: int, chunks_per_batch: int = 1) -> ThreadedSetup:
         if (num_envs, num_steps, chunks_per_batch) not in setups:
             setups[num_envs, num_steps, chunks_per_batch] = make_setup(num_envs, num_steps, chunks_per_batch)
         return setups[num_envs, num_steps, chunks_per_batch]

@@ -24,7 +24,6 @@ is named and joined; every blocking call has a timeout.
 from __future__ import annotations
 
 import contextlib
-import functools
 import queue
 import random
 import signal

@@ -1,0 +1,486 @@
+"""Benchmark: the sync mode as a user runs it vs a metric-free roofline of the same maths, and compile cold vs warm.
+
+    python experiments/bench_sync.py                          # both shapes, 3 repeats (several minutes on 2 cores)
+    python experiments/bench_sync.py --repeats 1 --default-steps 20480 --peer-steps 65536 --out /tmp/bench_sync  # smoke run
+    python experiments/bench_sync.py --shapes peer --repeats 5
+
+Measured side by side in one run of this script, Pendulum-v1, one seed:
+  (i)  user: `ppo_async.train(config)` (sync mode, no run_dir, no progress bar); env steps/s =
+       num_iterations * batch_size / `result.run_seconds` (compile excluded).
+  (ii) roofline: the same pure parts, no metrics and no diagnostics: one jitted, donated step
+       per iteration doing `rollout.rollout` (the rollout context of the config), values of
+       obs / last obs / final obs with the network (time-limit bootstrap, as the learner does),
+       `losses.gae`, then num_epochs x num_minibatches Adam steps
+       (`optax.chain(clip_by_global_norm(max_grad_norm), adam(lr, eps=adam_eps))`, the learning
+       rate annealed per iteration when the config anneals it) on `losses.ppo_clip_loss` +
+       vf_coef * `losses.value_loss` with advantages normalised per minibatch; observation
+       normalisation as in the config (statistics merged once per iteration). A python loop
+       over the AOT-compiled step, blocking once at the end. Env steps/s over the loop.
+  Shapes: "default" = `ppo_async.Config()` (16 envs x 64 steps, 5 epochs x 16 minibatches,
+  64x64 nets, 300k env steps); "peer" = the shape of the PureJaxRL comparison in
+  ../shared/MEASURED.md (64 envs x 128 steps, 4 epochs x 32 minibatches, 256x256 tanh actor and
+  critic, lr 3e-4 constant, gamma 0.99, lambda 0.95, clip 0.2, 1M env steps); every other field
+  keeps its `Config` default (reward_scale 0.1, obs normalisation on, vf_coef 0.5, ent_coef 0,
+  max_grad_norm 0.5, adam_eps 1e-5). Target (i) / (ii) >= 0.9 per shape.
+  Cross-session: (i) at the peer shape against the peer's median of 61.5k env steps/s measured
+  in an earlier session (MEASURED.md; not side by side); goal 1.1x.
+  (iii) time to the first iteration ("+X.Xs compile" in the summary line) of
+  `python -m ppo_async train` with the default config in fresh processes, each pair with its own fresh PPO_ASYNC_COMPILATION_CACHE directory: cold (empty
+  cache) then warm (the same directory). Target warm / cold <= 1/3.
+
+Repeats interleave the two sides (alternating which goes first); the tables show medians, the
+ratio of the medians (judged against the targets) and the median of the per-repeat ratios.
+Writes OUT/<backend>.json and OUT/report.txt (default OUT: experiments/results/bench_sync).
+"""
+
+from __future__ import annotations
+
+from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+
+apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
+enable_compilation_cache()  # compile time is outside every (i)/(ii) figure; (iii) uses its own fresh dirs
+
+import dataclasses
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+import tyro
+
+import ppo_async as pa
+from ppo_async import envs, losses, networks
+from ppo_async.rollout import rollout
+from ppo_async.types import PolicySnapshot
+from ppo_async.xla_flags import COMPILATION_CACHE_ENV
+
+from ppo_async.modes.common import make_contexts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+ROOFLINE_TARGET = 0.9
+PEER_GOAL = 1.1
+COMPILE_TARGET = 1.0 / 3.0
+PEER_SOURCE = "../shared/MEASURED.md, 'A public peer on the same machine': PureJaxRL ppo_continuous_action, 3 runs 50.0k / 61.5k / 72.4k"
+COMPILE_STEPS = 2048  # (iii): two iterations of the default config; the compiled program does not depend on it
+
+# (iii): one fresh `python -m ppo_async train` process; its summary line gives the time to the
+# first iteration as "(+X.Xs compile)".
+COMPILE_PATTERN = re.compile(r"\(\+([0-9.]+)s compile\)")
+
+
+@dataclasses.dataclass
+class Args:
+    repeats: int = 3
+    """Measurements per side and shape (and cold/warm pairs in (iii)); the tables report medians."""
+    shapes: tuple[Literal["default", "peer"], ...] = ("default", "peer")
+    """Which shapes to measure in (i)/(ii)."""
+    default_steps: int | None = None
+    """Env steps of the default shape (None: Config's 300k)."""
+    peer_steps: int | None = None
+    """Env steps of the peer shape (None: 1M, as in the peer comparison)."""
+    peer_env_steps_per_s: float = 61_500.0
+    """The peer's median at the peer shape, from an earlier session (see PEER_SOURCE)."""
+    skip_compile: bool = False
+    """Skip (iii)."""
+    out: str | None = None
+    """Output folder (default experiments/results/bench_sync)."""
+
+
+def shape_config(name: str, args: Args) -> pa.Config:
+    """The config of a shape ("default" or "peer")."""
+    if name == "default":
+        config = pa.Config()
+        steps = args.default_steps
+    elif name == "peer":
+        config = pa.Config(
+            total_env_steps=1_000_000,
+            rollout=pa.RolloutConfig(num_envs=64, num_steps=128),
+            ppo=pa.PPOConfig(
+                num_epochs=4, num_minibatches=32, learning_rate=3e-4, anneal_lr=False,
+                gamma=0.99, gae_lambda=0.95, clip_eps=0.2,
+            ),
+            network=pa.NetworkConfig(actor_hidden=(256, 256), critic_hidden=(256, 256), activation="tanh"),
+        )
+        steps = args.peer_steps
+    else:
+        raise ValueError(f"unknown shape {name!r}")
+    return config if steps is None else config.replace(total_env_steps=steps)
+
+
+# ----------------------------------------------------------------------------------------
+# (i) the sync mode as a user runs it
+# ----------------------------------------------------------------------------------------
+
+
+def user_run(config: pa.Config) -> dict[str, float]:
+    result = pa.train(config)
+    steps = config.num_iterations * config.batch_size
+    return {
+        "env_steps_per_s": steps / result.run_seconds,
+        "run_seconds": result.run_seconds,
+        "compile_seconds": result.compile_seconds,
+        "final_return": float(result.final_returns()[0]),
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# (ii) the roofline: the same pure parts in one jitted step, no metrics
+# ----------------------------------------------------------------------------------------
+
+
+class RooflineState(NamedTuple):
+    params: Any
+    opt_state: Any
+    obs_stats: Any
+    env_state: Any
+    key: jax.Array
+    version: jax.Array  # [] int32, the snapshot's version (iterations done)
+    return_sum: jax.Array  # finished-episode returns / counts over the last 10% of iterations (sanity check)
+    episode_count: jax.Array
+
+
+class Minibatch(NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+    behavior_log_prob: jax.Array
+    old_value: jax.Array
+    advantage: jax.Array
+    target: jax.Array
+
+
+@dataclasses.dataclass
+class Roofline:
+    config: pa.Config
+    init: Callable[[], RooflineState]
+    compiled: Any  # the AOT-compiled, donated step
+
+
+def make_roofline(config: pa.Config) -> Roofline:
+    """Builds and compiles the metric-free iteration of `config` (sync maths, see the module docstring)."""
+    env, rollout_ctx, _ = make_contexts(config)
+    network = rollout_ctx.network
+    ppo, rc = config.ppo, config.rollout
+    sgd_per_iteration = ppo.num_epochs * ppo.num_minibatches
+    num_iterations = config.num_iterations
+    if ppo.anneal_lr:  # linear to 0 over the run, constant within an iteration (as the learner)
+        lr: Any = lambda count: ppo.learning_rate * (  # noqa: E731
+            1.0 - jnp.minimum(count // sgd_per_iteration, num_iterations).astype(jnp.float32) / num_iterations
+        )
+    else:
+        lr = ppo.learning_rate
+    tx = optax.chain(optax.clip_by_global_norm(ppo.max_grad_norm), optax.adam(lr, eps=ppo.adam_eps))
+    sanity_from = int(num_iterations - max(1, int(num_iterations * 0.1)))
+
+    def init() -> RooflineState:
+        # The key split of the sync mode (seed key -> params / env / run), so both start alike.
+        param_key, env_key, run_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+        params = network.init(param_key)
+        env_state = envs.reset_envs(env, jax.random.fold_in(env_key, 0), rc.num_envs)
+        zero = jnp.zeros((), jnp.float32)
+        return RooflineState(
+            params, tx.init(params), envs.init_obs_stats(env.obs_shape), env_state, run_key,
+            jnp.zeros((), jnp.int32), zero, zero,
+        )
+
+    def loss_fn(params: Any, mb: Minibatch) -> jax.Array:
+        dist, values = network.apply(params, mb.obs)
+        log_prob = networks.log_prob(dist, mb.action)
+        advantages = losses.normalize_advantages(mb.advantage) if ppo.normalize_advantages else mb.advantage
+        if ppo.dual_clip is None:
+            policy_loss = losses.ppo_clip_loss(log_prob, mb.behavior_log_prob, advantages, ppo.clip_eps)
+        else:
+            policy_loss = losses.dual_clip_ppo_loss(log_prob, mb.behavior_log_prob, advantages, ppo.clip_eps, ppo.dual_clip)
+        value_loss = losses.value_loss(values, mb.target, mb.old_value, ppo.value_clip_eps)
+        loss = policy_loss + ppo.vf_coef * value_loss
+        if ppo.ent_coef:
+            loss = loss - ppo.ent_coef * jnp.mean(networks.entropy(dist))
+        return loss
+
+    def sgd_step(carry: tuple[Any, Any], mb: Minibatch) -> tuple[tuple[Any, Any], None]:
+        params, opt_state = carry
+        grads = jax.grad(loss_fn)(params, mb)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), None
+
+    def iteration(state: RooflineState) -> RooflineState:
+        key, rollout_key, update_key = jax.random.split(state.key, 3)
+        snapshot = PolicySnapshot(state.params, state.obs_stats, state.version)
+        env_state, trajectory = rollout(rollout_ctx, snapshot, state.env_state, rollout_key)
+        tr = trajectory.transitions
+        _, values = network.apply(state.params, tr.obs)
+        _, last_value = network.apply(state.params, trajectory.last_obs)
+        _, final_values = network.apply(state.params, tr.final_obs)
+        truncated = tr.truncated.astype(jnp.float32)
+        rewards = tr.reward * rc.reward_scale + ppo.gamma * truncated * final_values
+        dones = jnp.logical_or(tr.terminated, tr.truncated).astype(jnp.float32)
+        advantages, targets = losses.gae(rewards, values, dones, last_value, ppo.gamma, ppo.gae_lambda)
+        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+        batch = jax.lax.stop_gradient(
+            Minibatch(flat(tr.obs), flat(tr.action), flat(tr.behavior_log_prob), flat(values), flat(advantages), flat(targets))
+        )
+        batch_size = batch.advantage.shape[0]
+
+        def epoch(carry, epoch_key):
+            perm = jax.random.permutation(epoch_key, batch_size)
+            shuffled = jax.tree.map(lambda x: x[perm].reshape((ppo.num_minibatches, -1) + x.shape[1:]), batch)
+            return jax.lax.scan(sgd_step, carry, shuffled)
+
+        (params, opt_state), _ = jax.lax.scan(
+            epoch, (state.params, state.opt_state), jax.random.split(update_key, ppo.num_epochs)
+        )
+        obs_stats = envs.merge_moments(state.obs_stats, trajectory.stats.obs_moments) if rc.normalize_obs else state.obs_stats
+        late = (state.version >= sanity_from).astype(jnp.float32)
+        return RooflineState(
+            params, opt_state, obs_stats, env_state, key, state.version + 1,
+            state.return_sum + late * trajectory.stats.episode_return_sum,
+            state.episode_count + late * trajectory.stats.episode_count,
+        )
+
+    step = jax.jit(iteration, donate_argnums=(0,))
+    init_jit = jax.jit(init)
+    compiled = step.lower(init_jit()).compile()
+    return Roofline(config=config, init=init_jit, compiled=compiled)
+
+
+def roofline_run(roofline: Roofline) -> dict[str, float]:
+    """Env steps/s of num_iterations calls of the compiled step (blocking once, at the end)."""
+    config = roofline.config
+    state = jax.block_until_ready(roofline.init())
+    t0 = time.perf_counter()
+    for _ in range(config.num_iterations):
+        state = roofline.compiled(state)
+    jax.block_until_ready(state)
+    seconds = time.perf_counter() - t0
+    count = float(state.episode_count)
+    return {
+        "env_steps_per_s": config.num_iterations * config.batch_size / seconds,
+        "run_seconds": seconds,
+        "final_return": float(state.return_sum) / count if count > 0 else float("nan"),
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# (iii) time to the first iteration, cold vs warm cache, fresh processes
+# ----------------------------------------------------------------------------------------
+
+
+def first_iteration_process(cache_dir: str, run_dir: str) -> dict[str, float]:
+    """Time to the first iteration (and whole wall time) of one `python -m ppo_async train` process."""
+    env = dict(os.environ)
+    env[COMPILATION_CACHE_ENV] = cache_dir
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppo_async", "train", "--total-env-steps", str(COMPILE_STEPS), "--run-dir", run_dir],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    wall = time.perf_counter() - t0
+    found = COMPILE_PATTERN.search(proc.stdout)
+    if proc.returncode != 0 or found is None:
+        raise RuntimeError(f"compile probe failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return {"compile_seconds": float(found.group(1)), "process_seconds": wall}
+
+
+def measure_compile(pairs: int) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for pair in range(pairs):
+        with tempfile.TemporaryDirectory(prefix="bench_sync_cache_") as cache_dir, \
+                tempfile.TemporaryDirectory(prefix="bench_sync_runs_") as runs_dir:
+            cold = first_iteration_process(cache_dir, os.path.join(runs_dir, "cold"))
+            entries = len(os.listdir(cache_dir))
+            warm = first_iteration_process(cache_dir, os.path.join(runs_dir, "warm"))
+        runs.append({"cold": cold, "warm": warm, "cache_entries": entries})
+        print(f"(iii) pair {pair + 1}: cold {cold['compile_seconds']:.2f}s, warm {warm['compile_seconds']:.2f}s", flush=True)
+    med = lambda side, key: statistics.median(r[side][key] for r in runs)  # noqa: E731
+    result = {side: {key: med(side, key) for key in ("compile_seconds", "process_seconds")} for side in ("cold", "warm")}
+    return {
+        "runs": runs,
+        **result,
+        "ratio": result["warm"]["compile_seconds"] / result["cold"]["compile_seconds"],
+        "paired_ratio": statistics.median(r["warm"]["compile_seconds"] / r["cold"]["compile_seconds"] for r in runs),
+        "env_steps": COMPILE_STEPS,
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# Repeats, report, files
+# ----------------------------------------------------------------------------------------
+
+
+def measure_shape(name: str, config: pa.Config, repeats: int) -> dict[str, Any]:
+    roofline = make_roofline(config)
+    samples: dict[str, list[dict[str, float]]] = {"user": [], "roofline": []}
+    sides = [("user", lambda: user_run(config)), ("roofline", lambda: roofline_run(roofline))]
+    for rep in range(repeats):
+        for side, fn in sides if rep % 2 == 0 else sides[::-1]:
+            samples[side].append(fn())
+            print(f"({name}) {side}: {samples[side][-1]['env_steps_per_s']:,.0f} env steps/s", flush=True)
+    med = {side: statistics.median(s["env_steps_per_s"] for s in runs) for side, runs in samples.items()}
+    paired = statistics.median(u["env_steps_per_s"] / r["env_steps_per_s"] for u, r in zip(samples["user"], samples["roofline"]))
+    return {
+        "config": pa.config_to_dict(config),
+        "env_steps": config.num_iterations * config.batch_size,
+        "samples": samples,
+        "user": med["user"],
+        "roofline": med["roofline"],
+        "ratio": med["user"] / med["roofline"],
+        "paired_ratio": paired,
+        "user_compile_seconds": statistics.median(s["compile_seconds"] for s in samples["user"]),
+        "user_final_return": statistics.median(s["final_return"] for s in samples["user"]),
+        "roofline_final_return": statistics.median(s["final_return"] for s in samples["roofline"]),
+    }
+
+
+def other_cpu_seconds() -> float | None:
+    """CPU seconds used so far by everything on the machine except this process (Linux; else None)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    busy_ticks = sum(fields[i] for i in (0, 1, 2, 5, 6, 7))  # user nice system irq softirq steal
+    own = os.times()
+    # children: (iii)'s subprocesses count as ours
+    return busy_ticks / os.sysconf("SC_CLK_TCK") - (own.user + own.system + own.children_user + own.children_system)
+
+
+def verdict(ok: bool, how_far: float) -> str:
+    return "met" if ok else f"MISSED by {100 * how_far:.1f}%"
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x / 1e3:.1f}k"
+
+
+def shape_label(config: dict) -> tuple[str, str, str]:
+    r, p, n = config["rollout"], config["ppo"], config["network"]
+    nets = "x".join(map(str, n["actor_hidden"])) + ("" if n["actor_hidden"] == n["critic_hidden"] else "/" + "x".join(map(str, n["critic_hidden"])))
+    return f"{r['num_envs']}x{r['num_steps']}", f"{p['num_epochs']}x{p['num_minibatches']}", nets
+
+
+def report(results: dict) -> str:
+    m = results["machine"]
+    other = "an unknown share of the CPU" if m.get("other_cpu_cores") is None else f"{m['other_cpu_cores']:.2f} cores on average"
+    lines = [
+        f"bench_sync: Pendulum-v1, backend={results['backend']} ({results['device']}), {m['cpu_count']} CPU cores, "
+        f"medians of {results['args']['repeats']}",
+        f"load average before the run {m['loadavg_before']}; other processes used {other} during the run",
+    ]
+    if results["shapes"]:
+        lines += [
+            "",
+            "env steps/s: (i) user = ppo_async.train(config), sync mode, run_seconds (compile excluded);",
+            "             (ii) roofline = the same rollout / GAE / PPO clip + value loss / Adam in one jitted donated step, no metrics",
+            f"{'shape':<9}{'envs':>8}{'ep x mb':>9}{'nets':>9}{'env steps':>11}{'user':>9}{'roofline':>10}{'ratio':>8}"
+            f"{'paired':>8}   target >= {ROOFLINE_TARGET}",
+        ]
+        for name, row in results["shapes"].items():
+            envs_, epmb, nets = shape_label(row["config"])
+            lines.append(
+                f"{name:<9}{envs_:>8}{epmb:>9}{nets:>9}{row['env_steps']:>11,}{fmt_rate(row['user']):>9}"
+                f"{fmt_rate(row['roofline']):>10}{row['ratio']:>7.3f}x{row['paired_ratio']:>7.3f}x   "
+                f"{verdict(row['ratio'] >= ROOFLINE_TARGET, 1 - row['ratio'] / ROOFLINE_TARGET)}"
+            )
+        lines.append("ratio: median user / median roofline (the target applies to it); paired: median of the per-repeat ratios")
+        lines.append(
+            "sanity (same algorithm): final return, mean over the last 10% of iterations, median over repeats: "
+            + "; ".join(
+                f"{name} user {row['user_final_return']:.1f}, roofline {row['roofline_final_return']:.1f}"
+                for name, row in results["shapes"].items()
+            )
+        )
+        lines.append(
+            "  (user compile, median: "
+            + ", ".join(f"{name} {row['user_compile_seconds']:.1f}s" for name, row in results["shapes"].items())
+            + "; this process has the persistent cache on, so these may be warm)"
+        )
+    peer = results.get("peer")
+    if peer:
+        lines += [
+            "",
+            "CROSS-SESSION comparison (not side by side, different sessions and machine load):",
+            f"  peer: {fmt_rate(peer['peer_env_steps_per_s'])} env steps/s at the peer shape ({PEER_SOURCE})",
+            f"  (i) user at the peer shape, this run: {fmt_rate(peer['user'])} -> user / peer = {peer['ratio']:.3f}x   "
+            f"goal >= {PEER_GOAL}x: {verdict(peer['ratio'] >= PEER_GOAL, 1 - peer['ratio'] / PEER_GOAL)}",
+        ]
+    c = results.get("compile")
+    if c:
+        lines += [
+            "",
+            f"(iii) time to the first iteration ("+X.Xs compile" of python -m ppo_async train) of the default config, fresh processes, "
+            f"a fresh {COMPILATION_CACHE_ENV} dir per pair",
+            f"{'pair':<6}{'cold s':>8}{'warm s':>8}{'warm/cold':>11}{'process cold s':>16}{'warm s':>8}{'entries':>9}",
+        ]
+        for i, r in enumerate(c["runs"]):
+            lines.append(
+                f"{i + 1:<6}{r['cold']['compile_seconds']:>8.2f}{r['warm']['compile_seconds']:>8.2f}"
+                f"{r['warm']['compile_seconds'] / r['cold']['compile_seconds']:>10.3f}x"
+                f"{r['cold']['process_seconds']:>16.2f}{r['warm']['process_seconds']:>8.2f}{r['cache_entries']:>9}"
+            )
+        lines += [
+            f"{'median':<6}{c['cold']['compile_seconds']:>8.2f}{c['warm']['compile_seconds']:>8.2f}{c['ratio']:>10.3f}x"
+            f"{c['cold']['process_seconds']:>16.2f}{c['warm']['process_seconds']:>8.2f}",
+            f"warm / cold (medians) {c['ratio']:.3f}x, paired {c['paired_ratio']:.3f}x; target <= {COMPILE_TARGET:.3f}: "
+            f"{verdict(c['ratio'] <= COMPILE_TARGET, c['ratio'] / COMPILE_TARGET - 1)}",
+            "  process s: the whole subprocess (interpreter start-up, imports, compile, a 2-iteration run).",
+        ]
+    return "\n".join(lines)
+
+
+def write_results(out: str, results: dict, text: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{results['backend']}.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(out, "report.txt"), "w") as f:
+        f.write(text + "\n")
+
+
+def main(args: Args) -> dict:
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats = {args.repeats} is invalid: must be >= 1")
+    other_before, t_start = other_cpu_seconds(), time.perf_counter()
+    results: dict[str, Any] = {
+        "env": "Pendulum-v1",
+        "backend": jax.default_backend(),
+        "device": str(jax.devices()[0]),
+        "args": dataclasses.asdict(args),
+        "machine": {"cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in os.getloadavg()]},
+        "shapes": {},
+    }
+    for name in dict.fromkeys(args.shapes):
+        results["shapes"][name] = measure_shape(name, shape_config(name, args), args.repeats)
+        print(f"({name}) user / roofline = {results['shapes'][name]['ratio']:.3f}x", flush=True)
+    if "peer" in results["shapes"]:
+        user = results["shapes"]["peer"]["user"]
+        results["peer"] = {
+            "peer_env_steps_per_s": args.peer_env_steps_per_s,
+            "source": PEER_SOURCE,
+            "user": user,
+            "ratio": user / args.peer_env_steps_per_s,
+            "side_by_side": False,
+        }
+    if not args.skip_compile:
+        results["compile"] = measure_compile(args.repeats)
+    wall = time.perf_counter() - t_start
+    other_after = other_cpu_seconds()
+    results["machine"].update(
+        wall_s=wall,
+        loadavg_after=[round(x, 2) for x in os.getloadavg()],
+        other_cpu_cores=None if other_before is None else max(other_after - other_before, 0.0) / wall,
+    )
+    text = report(results)
+    print(text)
+    write_results(args.out or os.path.join(HERE, "results", "bench_sync"), results, text)
+    return results
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
