@@ -415,7 +415,7 @@ def report(results: dict) -> str:
     if c:
         lines += [
             "",
-            f"(iii) time to the first iteration ("+X.Xs compile" of python -m ppo_async train) of the default config, fresh processes, "
+            f"(iii) time to the first iteration ('+X.Xs compile' of python -m ppo_async train) of the default config, fresh processes, "
             f"a fresh {COMPILATION_CACHE_ENV} dir per pair",
             f"{'pair':<6}{'cold s':>8}{'warm s':>8}{'warm/cold':>11}{'process cold s':>16}{'warm s':>8}{'entries':>9}",
         ]
