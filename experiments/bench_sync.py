@@ -41,7 +41,6 @@ apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_fla
 enable_compilation_cache()  # compile time is outside every (i)/(ii) figure; (iii) uses its own fresh dirs
 
 import dataclasses
-import json
 import os
 import re
 import statistics
@@ -58,6 +57,7 @@ import tyro
 
 import ppo_async as pa
 from ppo_async import envs, losses, networks
+from ppo_async.benchmarking import MachineLoad, describe_other_cpu, fmt_rate, interleave, verdict, write_report
 from ppo_async.rollout import rollout
 from ppo_async.types import PolicySnapshot
 from ppo_async.xla_flags import COMPILATION_CACHE_ENV
@@ -317,12 +317,11 @@ def measure_compile(pairs: int) -> dict[str, Any]:
 
 def measure_shape(name: str, config: pa.Config, repeats: int) -> dict[str, Any]:
     roofline = make_roofline(config)
-    samples: dict[str, list[dict[str, float]]] = {"user": [], "roofline": []}
-    sides = [("user", lambda: user_run(config)), ("roofline", lambda: roofline_run(roofline))]
-    for rep in range(repeats):
-        for side, fn in sides if rep % 2 == 0 else sides[::-1]:
-            samples[side].append(fn())
-            print(f"({name}) {side}: {samples[side][-1]['env_steps_per_s']:,.0f} env steps/s", flush=True)
+    samples: dict[str, list[dict[str, float]]] = interleave(
+        repeats,
+        [("user", lambda: user_run(config)), ("roofline", lambda: roofline_run(roofline))],
+        on_sample=lambda side, sample: print(f"({name}) {side}: {sample['env_steps_per_s']:,.0f} env steps/s", flush=True),
+    )
     med = {side: statistics.median(s["env_steps_per_s"] for s in runs) for side, runs in samples.items()}
     paired = statistics.median(u["env_steps_per_s"] / r["env_steps_per_s"] for u, r in zip(samples["user"], samples["roofline"]))
     return {
@@ -339,27 +338,6 @@ def measure_shape(name: str, config: pa.Config, repeats: int) -> dict[str, Any]:
     }
 
 
-def other_cpu_seconds() -> float | None:
-    """CPU seconds used so far by everything on the machine except this process (Linux; else None)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return None
-    busy_ticks = sum(fields[i] for i in (0, 1, 2, 5, 6, 7))  # user nice system irq softirq steal
-    own = os.times()
-    # children: (iii)'s subprocesses count as ours
-    return busy_ticks / os.sysconf("SC_CLK_TCK") - (own.user + own.system + own.children_user + own.children_system)
-
-
-def verdict(ok: bool, how_far: float) -> str:
-    return "met" if ok else f"MISSED by {100 * how_far:.1f}%"
-
-
-def fmt_rate(x: float) -> str:
-    return f"{x / 1e3:.1f}k"
-
-
 def shape_label(config: dict) -> tuple[str, str, str]:
     r, p, n = config["rollout"], config["ppo"], config["network"]
     nets = "x".join(map(str, n["actor_hidden"])) + ("" if n["actor_hidden"] == n["critic_hidden"] else "/" + "x".join(map(str, n["critic_hidden"])))
@@ -368,7 +346,7 @@ def shape_label(config: dict) -> tuple[str, str, str]:
 
 def report(results: dict) -> str:
     m = results["machine"]
-    other = "an unknown share of the CPU" if m.get("other_cpu_cores") is None else f"{m['other_cpu_cores']:.2f} cores on average"
+    other = describe_other_cpu(m.get("other_cpu_cores"))
     lines = [
         f"bench_sync: Pendulum-v1, backend={results['backend']} ({results['device']}), {m['cpu_count']} CPU cores, "
         f"medians of {results['args']['repeats']}",
@@ -387,7 +365,7 @@ def report(results: dict) -> str:
             lines.append(
                 f"{name:<9}{envs_:>8}{epmb:>9}{nets:>9}{row['env_steps']:>11,}{fmt_rate(row['user']):>9}"
                 f"{fmt_rate(row['roofline']):>10}{row['ratio']:>7.3f}x{row['paired_ratio']:>7.3f}x   "
-                f"{verdict(row['ratio'] >= ROOFLINE_TARGET, 1 - row['ratio'] / ROOFLINE_TARGET)}"
+                f"{verdict(row['ratio'], ROOFLINE_TARGET)}"
             )
         lines.append("ratio: median user / median roofline (the target applies to it); paired: median of the per-repeat ratios")
         lines.append(
@@ -409,7 +387,7 @@ def report(results: dict) -> str:
             "CROSS-SESSION comparison (not side by side, different sessions and machine load):",
             f"  peer: {fmt_rate(peer['peer_env_steps_per_s'])} env steps/s at the peer shape ({PEER_SOURCE})",
             f"  (i) user at the peer shape, this run: {fmt_rate(peer['user'])} -> user / peer = {peer['ratio']:.3f}x   "
-            f"goal >= {PEER_GOAL}x: {verdict(peer['ratio'] >= PEER_GOAL, 1 - peer['ratio'] / PEER_GOAL)}",
+            f"goal >= {PEER_GOAL}x: {verdict(peer['ratio'], PEER_GOAL)}",
         ]
     c = results.get("compile")
     if c:
@@ -429,30 +407,23 @@ def report(results: dict) -> str:
             f"{'median':<6}{c['cold']['compile_seconds']:>8.2f}{c['warm']['compile_seconds']:>8.2f}{c['ratio']:>10.3f}x"
             f"{c['cold']['process_seconds']:>16.2f}{c['warm']['process_seconds']:>8.2f}",
             f"warm / cold (medians) {c['ratio']:.3f}x, paired {c['paired_ratio']:.3f}x; target <= {COMPILE_TARGET:.3f}: "
-            f"{verdict(c['ratio'] <= COMPILE_TARGET, c['ratio'] / COMPILE_TARGET - 1)}",
+            f"{verdict(c['ratio'], COMPILE_TARGET, at_most=True)}",
             "  process s: the whole subprocess (interpreter start-up, imports, compile, a 2-iteration run).",
         ]
     return "\n".join(lines)
 
 
-def write_results(out: str, results: dict, text: str) -> None:
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"{results['backend']}.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    with open(os.path.join(out, "report.txt"), "w") as f:
-        f.write(text + "\n")
-
-
 def main(args: Args) -> dict:
     if args.repeats < 1:
         raise SystemExit(f"--repeats = {args.repeats} is invalid: must be >= 1")
-    other_before, t_start = other_cpu_seconds(), time.perf_counter()
+    load = MachineLoad(include_children=True)  # (iii)'s subprocesses count as this benchmark's own CPU time
+    machine = load.start()
     results: dict[str, Any] = {
         "env": "Pendulum-v1",
         "backend": jax.default_backend(),
         "device": str(jax.devices()[0]),
         "args": dataclasses.asdict(args),
-        "machine": {"cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in os.getloadavg()]},
+        "machine": machine,
         "shapes": {},
     }
     for name in dict.fromkeys(args.shapes):
@@ -469,16 +440,10 @@ def main(args: Args) -> dict:
         }
     if not args.skip_compile:
         results["compile"] = measure_compile(args.repeats)
-    wall = time.perf_counter() - t_start
-    other_after = other_cpu_seconds()
-    results["machine"].update(
-        wall_s=wall,
-        loadavg_after=[round(x, 2) for x in os.getloadavg()],
-        other_cpu_cores=None if other_before is None else max(other_after - other_before, 0.0) / wall,
-    )
+    results["machine"].update(load.stop())
     text = report(results)
     print(text)
-    write_results(args.out or os.path.join(HERE, "results", "bench_sync"), results, text)
+    write_report(args.out or os.path.join(HERE, "results", "bench_sync"), f"{results['backend']}.json", results, "report.txt", text)
     return results
 
 

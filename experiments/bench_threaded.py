@@ -46,7 +46,6 @@ apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_fla
 enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
 
 import dataclasses
-import json
 import os
 import queue
 import statistics
@@ -58,6 +57,7 @@ import jax
 import tyro
 
 import ppo_async as pa
+from ppo_async.benchmarking import MachineLoad, describe_other_cpu, fmt_rate, interleave, verdict, write_report
 from ppo_async.buffer import RingBuffer
 from ppo_async.modes.threaded import (
     POLL_S,
@@ -282,38 +282,10 @@ def expected_straggler_ratio(args: Args, num_steps: int, rollout_s: float, updat
 
 def compare(repeats: int, pure: Callable[[], float], threaded: Callable[[], float]) -> dict[str, Any]:
     """Interleaved repeats (alternating which side goes first); medians, their ratio, the median paired ratio."""
-    samples: dict[str, list[float]] = {"pure": [], "threaded": []}
-    for rep in range(repeats):
-        order = [("pure", pure), ("threaded", threaded)]
-        for name, fn in order if rep % 2 == 0 else order[::-1]:
-            samples[name].append(fn())
+    samples: dict[str, list[float]] = interleave(repeats, [("pure", pure), ("threaded", threaded)])
     med = {name: statistics.median(values) for name, values in samples.items()}
     paired = statistics.median(t / p for t, p in zip(samples["threaded"], samples["pure"]))
     return {"samples": samples, **med, "ratio": med["threaded"] / med["pure"], "paired_ratio": paired}
-
-
-def other_cpu_seconds() -> float | None:
-    """CPU seconds used so far by everything on the machine except this process (Linux; else None)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return None
-    busy_ticks = sum(fields[i] for i in (0, 1, 2, 5, 6, 7))  # user nice system irq softirq steal (guest is in user)
-    own = os.times()
-    return busy_ticks / os.sysconf("SC_CLK_TCK") - (own.user + own.system)
-
-
-def verdict(ratio: float, target: float) -> str:
-    return "met" if ratio >= target else f"MISSED by {100 * (1 - ratio / target):.1f}%"
-
-
-def other_cpu(cores: float | None) -> str:
-    return "an unknown share of the CPU" if cores is None else f"{cores:.2f} cores on average"
-
-
-def fmt_rate(x: float) -> str:
-    return f"{x / 1e6:.3f}M" if x >= 1e5 else f"{x:,.1f}"
 
 
 def report(results: dict) -> str:
@@ -323,14 +295,14 @@ def report(results: dict) -> str:
         f"{results['device_count']} device(s)), "
         f"{m['cpu_count']} CPU cores, medians of {results['args']['repeats']}",
         f"measured on this {m['cpu_count']}-core machine; load average before the run {m['loadavg_before']}; "
-        f"other processes used {other_cpu(m['other_cpu_cores'])} during the run",
+        f"other processes used {describe_other_cpu(m['other_cpu_cores'])} during the run",
         "",
         "(a) env steps/s: one sampler_loop thread vs the pure jitted rollout loop",
         f"{'rollout':<10}{'pure':>12}{'threaded':>12}{'ratio':>9}{'paired':>9}   target >= {SAMPLER_TARGET}",
     ]
     for row in results["sampler"]:
         lines.append(
-            f"{row['rollout']:<10}{fmt_rate(row['pure']):>12}{fmt_rate(row['threaded']):>12}{row['ratio']:>8.3f}x"
+            f"{row['rollout']:<10}{fmt_rate(row['pure'], 'auto'):>12}{fmt_rate(row['threaded'], 'auto'):>12}{row['ratio']:>8.3f}x"
             f"{row['paired_ratio']:>8.3f}x   "
             f"{verdict(row['ratio'], SAMPLER_TARGET)}"
         )
@@ -402,11 +374,14 @@ def measure_learner(args: Args, setup: ThreadedSetup) -> dict[str, Any]:
 
 def measure_straggler(args: Args, num_envs: int, num_steps: int, rollout_s: float, update_s: float) -> dict[str, Any]:
     """(c): interleaved train() runs, async and barrier."""
-    runs: dict[str, list] = {"async": [], "barrier": []}
-    for rep in range(args.repeats):
-        for mode in ("async", "barrier") if rep % 2 == 0 else ("barrier", "async"):
-            runs[mode].append(straggler_run(straggler_config(args, num_envs, num_steps, barrier=mode == "barrier")))
-            print(f"(c) {mode}: {runs[mode][-1]['env_steps_per_s']:,.0f} env steps/s", flush=True)
+    runs: dict[str, list] = interleave(
+        args.repeats,
+        [
+            ("async", lambda: straggler_run(straggler_config(args, num_envs, num_steps, barrier=False))),
+            ("barrier", lambda: straggler_run(straggler_config(args, num_envs, num_steps, barrier=True))),
+        ],
+        on_sample=lambda mode, run: print(f"(c) {mode}: {run['env_steps_per_s']:,.0f} env steps/s", flush=True),
+    )
     result = {mode: summarise_runs(r) for mode, r in runs.items()}
     ratio = lambda key: result["async"][key] / result["barrier"][key]  # noqa: E731
     return {
@@ -425,11 +400,7 @@ def measure_straggler(args: Args, num_envs: int, num_steps: int, rollout_s: floa
 def write_results(args: Args, results: dict, text: str) -> None:
     out = args.out or os.path.join(HERE, "results", "bench_threaded")
     name = results["backend"] + ("-quick" if args.quick else "")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"{name}.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    with open(os.path.join(out, f"{name}.txt"), "w") as f:
-        f.write(text + "\n")
+    write_report(out, f"{name}.json", results, f"{name}.txt", text)
 
 
 def main(args: Args) -> dict:
@@ -437,14 +408,15 @@ def main(args: Args) -> dict:
         args = dataclasses.replace(args, **QUICK)
     if args.straggler_iterations < 2:
         raise ValueError(f"straggler_iterations = {args.straggler_iterations} is invalid: must be >= 2")
-    other_before, t_start = other_cpu_seconds(), time.perf_counter()
+    load = MachineLoad(include_children=False)  # threads only: only this process's own CPU time is excluded
+    machine = load.start()
     results: dict[str, Any] = {
         "env": "Pendulum-v1",
         "backend": jax.default_backend(),
         "device": str(jax.devices()[0]),
         "device_count": jax.device_count(),
         "args": dataclasses.asdict(args),
-        "machine": {"cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in os.getloadavg()]},
+        "machine": machine,
     }
     setups: dict[tuple[int, int, int], ThreadedSetup] = {}
 
@@ -472,13 +444,7 @@ def main(args: Args) -> dict:
     update_s = 1.0 / update[0] if update else float("nan")
     results["straggler"] = measure_straggler(args, num_envs, num_steps, rollout_s, update_s)
 
-    wall = time.perf_counter() - t_start
-    other_after = other_cpu_seconds()
-    results["machine"].update(
-        wall_s=wall,
-        loadavg_after=[round(x, 2) for x in os.getloadavg()],
-        other_cpu_cores=None if other_before is None else max(other_after - other_before, 0.0) / wall,
-    )
+    results["machine"].update(load.stop())
     text = report(results)
     print(text)
     write_results(args, results, text)

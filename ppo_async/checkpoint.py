@@ -233,22 +233,30 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ restore
 
-    def metadata(self, step: int | None = None) -> dict:
-        """The metadata dict of checkpoint `step` (default: the latest), without reading any array."""
+    def _complete_step(self, step: int | None) -> int:
+        """`step`, or the latest when None; CheckpointError unless it is a complete checkpoint."""
         self._check_open()
         steps = self.all_steps()
         if step is None:
             if not steps:
                 raise CheckpointError(f"no complete checkpoint in {self.directory}")
-            step = steps[-1]
+            return steps[-1]
         step = int(step)
         if step not in steps:
             raise CheckpointError(f"no complete checkpoint for step {step} in {self.directory}; available steps: {steps}")
+        return step
+
+    def _read_json_items(self, step: int, *names: str) -> Any:
+        args = self._ocp.args.Composite(**{name: self._ocp.args.JsonRestore() for name in names})
         try:
-            head = self._manager.restore(step, args=self._ocp.args.Composite(metadata=self._ocp.args.JsonRestore()))
+            return self._manager.restore(step, args=args)
         except Exception as e:  # noqa: BLE001 - orbax raises many kinds
             raise CheckpointError(f"cannot read the metadata of checkpoint step {step} in {self.directory}: {e}") from e
-        return dict(head.metadata)
+
+    def metadata(self, step: int | None = None) -> dict:
+        """The metadata dict of checkpoint `step` (default: the latest), without reading any array."""
+        step = self._complete_step(step)
+        return dict(self._read_json_items(step, "metadata").metadata)
 
     def restore(self, state_like: Any, step: int | None = None) -> tuple[Any, dict]:
         """Restores checkpoint `step` (default: the latest) into the structure of `state_like`.
@@ -258,21 +266,9 @@ class Checkpointer:
         with `state` made of jax arrays inside `state_like`'s own container types.
         Raises CheckpointError if there is no such checkpoint or the structure differs.
         """
-        self._check_open()
         ocp = self._ocp
-        steps = self.all_steps()
-        if step is None:
-            if not steps:
-                raise CheckpointError(f"no complete checkpoint in {self.directory}")
-            step = steps[-1]
-        step = int(step)
-        if step not in steps:
-            raise CheckpointError(f"no complete checkpoint for step {step} in {self.directory}; available steps: {steps}")
-
-        try:
-            head = self._manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore(), layout=ocp.args.JsonRestore()))
-        except Exception as e:  # noqa: BLE001 - orbax raises many kinds
-            raise CheckpointError(f"cannot read the metadata of checkpoint step {step} in {self.directory}: {e}") from e
+        step = self._complete_step(step)
+        head = self._read_json_items(step, "metadata", "layout")
         wanted = _layout(state_like)
         problems = _describe_mismatch(head.layout["leaves"], wanted)
         if problems:
