@@ -11,9 +11,17 @@ import sys
 from ppo_async.xla_flags import apply_cpu_workarounds  # noqa: E402  (imports no JAX backend)
 
 apply_cpu_workarounds()
-# Entry points (the CLI, subprocesses of it) enable a persistent compilation cache in the user's
-# cache directory; tests leave it off unless PPO_ASYNC_COMPILATION_CACHE is set explicitly.
-os.environ.setdefault("PPO_ASYNC_COMPILATION_CACHE", "0")
+# The persistent compilation cache, in a directory of this test run (never the user's):
+# many tests and their subprocesses compile the same tiny programs. The xdist workers of one
+# run share it (PYTEST_XDIST_TESTRUNUID); PPO_ASYNC_COMPILATION_CACHE set by the caller wins
+# (0 turns it off).
+import tempfile  # noqa: E402
+
+from ppo_async.xla_flags import COMPILATION_CACHE_ENV, enable_compilation_cache  # noqa: E402
+
+_RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+os.environ.setdefault(COMPILATION_CACHE_ENV, os.path.join(tempfile.gettempdir(), f"ppo_async-test-cache-{_RUN_ID}"))
+enable_compilation_cache()
 
 import pytest  # noqa: E402
 
