@@ -10,7 +10,8 @@ before JAX initialises its backend (before the first computation).
 `enable_compilation_cache()` turns on JAX's persistent compilation cache, so that a second
 process compiling the same programs (same config shapes, jax version and XLA flags) loads
 them from disk instead of recompiling. Entry points call it right after
-`apply_cpu_workarounds()`; the test suite does not (tests must not write to the user's cache).
+`apply_cpu_workarounds()`; the test suite points it at a directory of its own run (never the
+user's cache, see tests/conftest.py).
 """
 
 from __future__ import annotations

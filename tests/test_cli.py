@@ -1,4 +1,7 @@
-"""The command-line contract: `python -m ppo_async train ...`."""
+"""The command-line contract: `python -m ppo_async train ...`.
+
+The first test runs the real `python -m ppo_async` process; the others call `cli.main` in
+this process (the `cli_main` fixture), which parses and runs the same command line."""
 
 from __future__ import annotations
 
@@ -24,41 +27,41 @@ def test_train_writes_config_and_metrics(run_cli, tmp_path):
             "value_loss", "entropy", "approx_kl", "clip_fraction"} <= set(rows[0])
 
 
-def test_summary_is_printed_without_quiet(run_cli, tmp_path):
+def test_summary_is_printed_without_quiet(cli_main, tmp_path):
     args = [a for a in FAST if a != "--quiet"]
-    proc = run_cli(["train", "--run-dir", str(tmp_path / "r"), *args])
+    proc = cli_main(["train", "--run-dir", str(tmp_path / "r"), *args])
     assert proc.returncode == 0, proc.stderr
     assert "final return" in proc.stdout
 
 
-def test_config_file_with_overrides(run_cli, tmp_path):
+def test_config_file_with_overrides(cli_main, tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("env: CartPole-v1\nppo:\n  gamma: 0.9\n  num_epochs: 1\n")
     run_dir = tmp_path / "r"
-    proc = run_cli(["train", "--config", str(path), "--ppo.gamma", "0.8", "--run-dir", str(run_dir), *FAST])
+    proc = cli_main(["train", "--config", str(path), "--ppo.gamma", "0.8", "--run-dir", str(run_dir), *FAST])
     assert proc.returncode == 0, proc.stderr
     config = json.loads((run_dir / "config.json").read_text())
     assert config["env"] == "CartPole-v1" and config["ppo"]["gamma"] == 0.8
 
 
-def test_unknown_env_is_a_one_line_user_error(run_cli, tmp_path):
-    proc = run_cli(["train", "--env", "NoSuchEnv-v0", "--run-dir", str(tmp_path / "r")])
+def test_unknown_env_is_a_one_line_user_error(cli_main, tmp_path):
+    proc = cli_main(["train", "--env", "NoSuchEnv-v0", "--run-dir", str(tmp_path / "r")])
     assert proc.returncode == 2
     assert "NoSuchEnv-v0" in proc.stderr and "CartPole-v1" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
-def test_bad_values_exit_2_naming_the_field(run_cli, tmp_path):
+def test_bad_values_exit_2_naming_the_field(cli_main, tmp_path):
     for args, needle in ((["--ppo.num-minibatches", "7"], "ppo.num_minibatches"),
                          (["--ppo.dual-clip", "0.5"], "ppo.dual_clip"),
                          (["--ppo.gamma", "1.5"], "ppo.gamma")):
-        proc = run_cli(["train", "--run-dir", str(tmp_path / "r"), *args])
+        proc = cli_main(["train", "--run-dir", str(tmp_path / "r"), *args])
         assert proc.returncode == 2, (args, proc.stderr)
         assert needle in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_help_lists_fields_with_descriptions(run_cli):
-    proc = run_cli(["train", "--help"])
+def test_help_lists_fields_with_descriptions(cli_main):
+    proc = cli_main(["train", "--help"])
     assert proc.returncode == 0
     for needle in ("--ppo.clip-eps", "--ppo.dual-clip", "--rollout.num-envs", "--total-env-steps",
                    "Dual-clip constant", "--config"):

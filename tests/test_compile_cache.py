@@ -1,8 +1,8 @@
 """The persistent compilation cache of the entry points (`xla_flags.enable_compilation_cache`).
 
-The subprocess tests point PPO_ASYNC_COMPILATION_CACHE at a temporary directory: the test
-process itself never enables a cache (conftest sets PPO_ASYNC_COMPILATION_CACHE=0 for
-everything it starts unless the caller set it).
+The subprocess tests point PPO_ASYNC_COMPILATION_CACHE at a temporary directory of their own
+(the rest of the suite shares one cache directory per test run, set in conftest.py), so a
+cold and a warm process can be compared.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def multi_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
     proc = subprocess.run(
         [sys.executable, "-c", MULTI_DEVICE_SCRIPT], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
     )

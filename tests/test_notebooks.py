@@ -19,7 +19,7 @@ pytest.importorskip("ipykernel")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(REPO_ROOT, "notebooks")
 KERNEL_NAME = "ppo-async-test"
-TEST_BUDGET = 20_000  # env steps per seed (default budgets: 60k quickstart, 100k sweep, 150k per threaded run)
+TEST_BUDGET = 10_000  # env steps per seed (default budgets: 60k quickstart, 100k sweep, 150k per threaded run)
 
 
 @pytest.fixture

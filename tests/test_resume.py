@@ -105,7 +105,9 @@ def test_resume_errors(tmp_path):
 
 
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
-    iterations = 80
+    # Killed once two checkpoints exist; with a checkpoint per iteration (~0.4 s each here)
+    # the 18 iterations left take long enough that the kill always lands mid-run (asserted).
+    iterations = 20
     run_dir = tmp_path / "killed"
     args = [sys.executable, "-m", "ppo_async", "train", "--env", "CartPole-v1", "--rollout.num-envs", "4",
             "--rollout.num-steps", "16", "--ppo.num-minibatches", "2", "--ppo.num-epochs", "1",
