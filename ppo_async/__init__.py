@@ -1,6 +1,7 @@
 """ppo_async: asynchronous PPO in JAX — sampling throughput, policy lag and learning efficiency."""
 
 from ppo_async import analysis, losses
+from ppo_async.analysis import lag_histogram_of, per_sampler, summarize
 from ppo_async.config import (
     Config,
     ConfigError,
@@ -47,18 +48,21 @@ __all__ = [
     "config_to_dict",
     "evaluate",
     "get_mode",
+    "lag_histogram_of",
     "load",
     "load_sweep",
     "losses",
     "make_actor_critic",
     "make_env",
     "make_schedule",
+    "per_sampler",
     "read_jsonl",
     "read_schedule",
     "register_mode",
     "replace_path",
     "resume",
     "save_sweep",
+    "summarize",
     "sweep",
     "train",
     "write_schedule",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import chex
 import jax
@@ -113,6 +113,7 @@ class RingBuffer:
         self._closed = False
         # Host mirrors of the device counters, so waiting never syncs with the device.
         self._size = 0
+        self._consumers_waiting = 0  # consumers blocked in get_tagged (under the lock)
         self._tags: collections.deque = collections.deque()  # host-side tag per resident chunk, FIFO
         self._added = self._overwritten = self._taken = 0
         self.trace_counts = {"add": 0, "take": 0}
@@ -138,11 +139,17 @@ class RingBuffer:
         jax.block_until_ready(self._take(scratch))
 
     # -- producer / consumer ------------------------------------------------------------
-    def put(self, chunk: Any, timeout: float | None = 1.0, tag: Any = None) -> bool:
-        """Add a chunk. False if the buffer is closed or ("block") no space came in `timeout` s.
+    def put(self, chunk: Any, timeout: float | None = 1.0, tag: Any = None,
+            admit: Callable[[int, bool], bool] | None = None) -> bool:
+        """Add a chunk. False if the buffer is closed, ("block") no space came in `timeout` s, or
+        `admit()` said no.
 
         `tag` (any host object, e.g. the producer's id) travels with the chunk and comes back
-        from `get_tagged`; an overwritten chunk's tag goes with it.
+        from `get_tagged`; an overwritten chunk's tag goes with it. `admit(resident,
+        consumer_waiting)` is asked under the buffer's lock at the moment the chunk would go in
+        (after any wait for space), with the chunks already resident and whether a consumer is
+        blocked in `get` right now: a producer uses it to withhold a chunk that would be too
+        stale by the time it is consumed.
         """
         deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
         with self._cond:
@@ -150,7 +157,7 @@ class RingBuffer:
                 while not self._closed and self._size >= self.capacity:
                     if not self._wait(deadline):
                         return False
-            if self._closed:
+            if self._closed or (admit is not None and not admit(self._size, self._consumers_waiting > 0)):
                 return False
             self._state = self._add(self._state, chunk)
             self._added += 1
@@ -172,9 +179,13 @@ class RingBuffer:
         """Pop the oldest `(chunk, tag)`; None as for `get`."""
         deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
         with self._cond:
-            while self._size == 0:
-                if self._closed or not self._wait(deadline):
-                    return None
+            self._consumers_waiting += 1
+            try:
+                while self._size == 0:
+                    if self._closed or not self._wait(deadline):
+                        return None
+            finally:
+                self._consumers_waiting -= 1
             self._state, chunk = self._take(self._state)
             self._size -= 1
             self._taken += 1

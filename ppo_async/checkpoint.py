@@ -46,6 +46,18 @@ class CheckpointError(ValueError):
     """A checkpoint cannot be saved or restored; the message says which step and why."""
 
 
+_MAX_REASON = 240
+
+
+def _short_reason(exc: BaseException) -> str:
+    """The first line of an orbax / tensorstore error, without the TensorStore spec dump
+    ("See full TensorStore details: ..."), at most _MAX_REASON characters."""
+    text = str(exc).split("See full TensorStore details")[0].strip()
+    line = text.splitlines()[0].strip() if text else ""
+    line = line or type(exc).__name__
+    return line if len(line) <= _MAX_REASON else line[: _MAX_REASON - 3] + "..."
+
+
 def _is_typed_key(x: Any) -> bool:
     dtype = getattr(x, "dtype", None)
     return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
@@ -246,12 +258,24 @@ class Checkpointer:
             raise CheckpointError(f"no complete checkpoint for step {step} in {self.directory}; available steps: {steps}")
         return step
 
+    def _unreadable(self, step: int, what: str, exc: BaseException) -> CheckpointError:
+        """The one-line error for a checkpoint orbax cannot read (a corrupted or truncated file)."""
+        others = [s for s in self.all_steps() if s != step]
+        hint = (
+            f"delete that directory to fall back to an earlier checkpoint (other complete steps: {others})"
+            if others else "no other complete checkpoint exists in this directory"
+        )
+        return CheckpointError(
+            f"checkpoint step {step} in {self._step_dir(step)} is corrupted or unreadable: "
+            f"cannot read its {what} ({_short_reason(exc)}); {hint}"
+        )
+
     def _read_json_items(self, step: int, *names: str) -> Any:
         args = self._ocp.args.Composite(**{name: self._ocp.args.JsonRestore() for name in names})
         try:
             return self._manager.restore(step, args=args)
         except Exception as e:  # noqa: BLE001 - orbax raises many kinds
-            raise CheckpointError(f"cannot read the metadata of checkpoint step {step} in {self.directory}: {e}") from e
+            raise self._unreadable(step, "metadata", e) from e
 
     def metadata(self, step: int | None = None) -> dict:
         """The metadata dict of checkpoint `step` (default: the latest), without reading any array."""
@@ -283,7 +307,7 @@ class Checkpointer:
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
         except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"orbax could not restore checkpoint step {step} in {self.directory}: {e}") from e
+            raise self._unreadable(step, "arrays", e) from e
 
         restored_leaves, restored_def = jax.tree.flatten(out.state)
         target_def = jax.tree.structure(target)

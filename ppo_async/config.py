@@ -14,7 +14,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 MODES = ("sync", "simulated", "threaded")
 LAG_SCHEDULES = ("fixed", "per_sampler", "uniform", "geometric", "straggler", "replay")
@@ -59,6 +59,50 @@ def _check_unit_interval(name: str, value: float) -> None:
         _fail(name, value, "must lie in (0, 1]")
 
 
+_TYPE_RULES = {
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+    "bool": ((bool,), "True or False"),
+    "str": ((str,), "a string"),
+}
+
+
+def _type_rule(annotation: str) -> tuple[tuple[type, ...], str, bool]:
+    """(accepted types, description, None allowed) of a field annotation such as
+    `"float | None"`, `"tuple[int, ...]"` or `"Literal['a', 'b']"` (annotations are strings)."""
+    parts = [p.strip() for p in annotation.split("|")]
+    optional = "None" in parts
+    base = next((p for p in parts if p != "None"), "None")
+    if base.startswith("tuple"):
+        return (tuple, list), "a sequence", optional
+    if base.startswith("Literal"):
+        return (str,), "a string", optional
+    types, what = _TYPE_RULES.get(base, ((object,), "a value"))
+    return types, what, optional
+
+
+def check_field_types(section: Any, prefix: str = "") -> None:
+    """Raises ConfigError naming the first field of a config dataclass whose value has the wrong
+    type (e.g. `threaded.latency_jitter = 'a'`), before any range check compares it.
+
+    bool is not accepted as a number (True is an int in Python); ints are accepted as floats.
+    """
+    for f in dataclasses.fields(section):
+        if not isinstance(f.type, str) or f.type in _SECTION_TYPE_NAMES:
+            continue
+        types, what, optional = _type_rule(f.type)
+        value = getattr(section, f.name)
+        if value is None and optional:
+            continue
+        wrong = not isinstance(value, types) or (bool not in types and isinstance(value, bool))
+        if wrong:
+            allowed = what + (" or None" if optional else "")
+            _fail(f"{prefix}{f.name}", value, f"must be {allowed}, not {type(value).__name__}")
+
+
+_SECTION_TYPE_NAMES = ("RolloutConfig", "PPOConfig", "NetworkConfig", "LagConfig", "ThreadedConfig")
+
+
 def known_env_names() -> tuple[str, ...]:
     """Names of the registered gymnax environments (imported lazily)."""
     import gymnax
@@ -93,6 +137,7 @@ class RolloutConfig:
     """Clip continuous actions to the env's bounds before stepping (the stored action is unclipped)."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "rollout.")
         _check_int("rollout.num_envs", self.num_envs, 1)
         _check_int("rollout.num_steps", self.num_steps, 1)
         _check_positive("rollout.obs_clip", self.obs_clip)
@@ -143,6 +188,7 @@ class PPOConfig:
     """Update the value network only every k-th learner iteration (1 = always)."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "ppo.")
         _check_int("ppo.num_epochs", self.num_epochs, 1)
         _check_int("ppo.num_minibatches", self.num_minibatches, 1)
         _check_bool("ppo.anneal_lr", self.anneal_lr)
@@ -192,6 +238,7 @@ class NetworkConfig:
     """Initial Gaussian log standard deviation."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "network.")
         for name in ("actor_hidden", "critic_hidden"):
             widths = getattr(self, name)
             if not isinstance(widths, (tuple, list)) or not all(
@@ -252,6 +299,7 @@ class LagConfig:
     """Seed of the random schedules (uniform, geometric)."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "lag.")
         if self.schedule not in LAG_SCHEDULES:
             _fail("lag.schedule", self.schedule, f"must be one of {LAG_SCHEDULES}")
         _check_int("lag.K", self.K, 0)
@@ -324,6 +372,7 @@ class ThreadedConfig:
     """Indices into jax.devices() of the data-parallel learner (shard_map over them; one = plain jit); () = auto (device 0, or the second half)."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "threaded.")
         _check_int("threaded.num_samplers", self.num_samplers, 1)
         _check_int("threaded.refresh_lag", self.refresh_lag, 1)
         _check_non_negative("threaded.min_refresh_interval_s", self.min_refresh_interval_s)
@@ -393,6 +442,12 @@ class Config:
     """Checkpoints kept on disk (the oldest are deleted)."""
     wandb_project: str | None = None
     """Also log every metric row to this Weights & Biases project (needs `pip install wandb`; never required); None = off."""
+    eval_every: int = 0
+    """Evaluate the learner's current params every this many learner iterations (and after the last), logged as eval_return; 0 = off."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (deterministic actions: the Gaussian mean / the argmax)."""
+    overwrite: bool = False
+    """Replace a run already in run_dir (its metrics, checkpoints, schedules and plots); without it a run_dir holding a run is refused (resume it instead)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -400,6 +455,7 @@ class Config:
     threaded: ThreadedConfig = field(default_factory=ThreadedConfig)
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if not isinstance(self.env, str):
             _fail("env", self.env, "must be a gymnax environment name")
         check_env_name(self.env)
@@ -410,6 +466,9 @@ class Config:
         _check_int("total_env_steps", self.total_env_steps, 1)
         _check_int("checkpoint_every", self.checkpoint_every, 0)
         _check_int("keep_checkpoints", self.keep_checkpoints, 1)
+        _check_bool("overwrite", self.overwrite)
+        _check_int("eval_every", self.eval_every, 0)
+        _check_int("eval_episodes", self.eval_episodes, 1)
         if self.wandb_project is not None and (not isinstance(self.wandb_project, str) or not self.wandb_project.strip()):
             _fail("wandb_project", self.wandb_project, "must be a non-empty project name or None")
         for name, cls in (("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig)):
@@ -429,6 +488,7 @@ class Config:
                 self.total_env_steps,
                 f"must be at least one learner batch ({self._batch_formula()} = {self.batch_size})",
             )
+        check_fields_apply(self)
 
     def _check_buffer_capacity(self) -> None:
         tcfg = self.threaded
@@ -488,6 +548,70 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
+# Lag-schedule fields (all of LagConfig but the stale filter) act only in simulated mode; within
+# it, each schedule reads only its own fields. lag.num_samplers acts in every schedule.
+LAG_FILTER_FIELDS = ("max_lag",)
+SCHEDULE_FIELDS = {
+    "fixed": ("K",),
+    "per_sampler": ("per_sampler",),
+    "uniform": ("low", "high", "seed"),
+    "geometric": ("p", "high", "seed"),
+    "straggler": ("fraction", "slowdown"),
+    "replay": ("replay_path",),
+}
+
+
+def _inert(name: str, value: Any, why: str) -> None:
+    raise ConfigError(f"{name} = {value!r} has no effect: {why}")
+
+
+def _changed(section: Any, default: Any) -> list[str]:
+    """Fields of a section whose value differs from the section's default."""
+    return [f.name for f in dataclasses.fields(section) if getattr(section, f.name) != getattr(default, f.name)]
+
+
+def check_fields_apply(config: "Config") -> None:
+    """Raises ConfigError for a field set away from its default where it would do nothing.
+
+    A knob that silently does nothing is a wrong experiment: `lag.K = 8` in sync mode runs at
+    lag 0. The rules: lag-schedule fields need mode='simulated' (`lag.max_lag`, the stale
+    filter, acts in every mode) and, within it, the schedule that reads them; `threaded.*`
+    fields need mode='threaded' (`threaded.latency_jitter` also needs a latency);
+    `ppo.rho_bar` / `ppo.c_bar` need advantage_estimator='vtrace'; checkpoint_every,
+    keep_checkpoints and overwrite need a run_dir.
+    """
+    lag, default_lag = config.lag, LagConfig()
+    for name in _changed(lag, default_lag):
+        if name in LAG_FILTER_FIELDS:
+            continue
+        if config.mode != "simulated":
+            _inert(f"lag.{name}", getattr(lag, name),
+                   f"lag-schedule fields act only in mode='simulated', this run has mode={config.mode!r} "
+                   "(lag.max_lag is the one lag field every mode uses)")
+        if name not in ("schedule", "num_samplers") and name not in SCHEDULE_FIELDS[lag.schedule]:
+            users = sorted(k for k, v in SCHEDULE_FIELDS.items() if name in v)
+            _inert(f"lag.{name}", getattr(lag, name),
+                   f"lag.schedule = {lag.schedule!r} does not read it (it is read by {', '.join(map(repr, users))})")
+    if config.mode != "threaded":
+        for name in _changed(config.threaded, ThreadedConfig()):
+            _inert(f"threaded.{name}", getattr(config.threaded, name),
+                   f"threaded.* fields act only in mode='threaded', this run has mode={config.mode!r}")
+    elif config.threaded.latency_jitter and not config.threaded.sampler_step_latency_ms:
+        _inert("threaded.latency_jitter", config.threaded.latency_jitter,
+               "it jitters threaded.sampler_step_latency_ms, which is empty (no simulated latency)")
+    if config.ppo.advantage_estimator != "vtrace":
+        for name in ("rho_bar", "c_bar"):
+            if getattr(config.ppo, name) != getattr(PPOConfig(), name):
+                _inert(f"ppo.{name}", getattr(config.ppo, name),
+                       f"V-trace truncations act only with ppo.advantage_estimator = 'vtrace' (not {config.ppo.advantage_estimator!r})")
+    if config.eval_every == 0 and config.eval_episodes != type(config).__dataclass_fields__["eval_episodes"].default:
+        _inert("eval_episodes", config.eval_episodes, "evaluation is off (eval_every = 0)")
+    if config.run_dir is None:
+        for name in ("checkpoint_every", "keep_checkpoints", "overwrite"):
+            if getattr(config, name) != type(config).__dataclass_fields__[name].default:
+                _inert(name, getattr(config, name), "there is no run_dir to write checkpoints into")
+
+
 _SECTIONS = {"rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig, "lag": LagConfig, "threaded": ThreadedConfig}
 
 
@@ -539,14 +663,21 @@ def get_path(config: Config, path: str) -> Any:
 
 def replace_path(config: Config, path: str, value: Any) -> Config:
     """Returns a copy with a dotted field replaced, e.g. `replace_path(c, "ppo.clip_eps", 0.1)`."""
+    return replace_paths(config, {path: value})
+
+
+def replace_paths(config: Config, changes: Mapping[str, Any]) -> Config:
+    """A copy with several dotted fields replaced at once, validated once at the end (so
+    `{"ppo.rho_bar": 2.0, "ppo.advantage_estimator": "vtrace"}` works in either order)."""
     data = config_to_dict(config)
-    parts = path.split(".")
-    node = data
-    for part in parts[:-1]:
-        if part not in node or not isinstance(node[part], dict):
-            raise ConfigError(f"unknown config section {part!r} in {path!r}")
-        node = node[part]
-    if parts[-1] not in node:
-        raise ConfigError(f"unknown config field {path!r}")
-    node[parts[-1]] = value
+    for path, value in changes.items():
+        parts = path.split(".")
+        node = data
+        for part in parts[:-1]:
+            if part not in node or not isinstance(node[part], dict):
+                raise ConfigError(f"unknown config section {part!r} in {path!r}")
+            node = node[part]
+        if parts[-1] not in node or isinstance(node[parts[-1]], dict):
+            raise ConfigError(f"unknown config field {path!r}")
+        node[parts[-1]] = value
     return config_from_dict(data)

@@ -104,9 +104,16 @@ def categorical_log_prob(logits: chex.Array, action: chex.Array) -> chex.Array:
 
 
 def categorical_entropy(logits: chex.Array) -> chex.Array:
-    """Entropy -sum_k p_k log p_k of a categorical; `[..., K]` -> `[...]`."""
+    """Entropy -sum_k p_k log p_k of a categorical; `[..., K]` -> `[...]`.
+
+    Actions masked out with a logit of -inf (p_k = 0) contribute 0 (the limit of p log p), so
+    the result is the entropy of the remaining actions, and so is its gradient (finite; the
+    masked logits get none). A row whose logits are all -inf has no distribution: NaN.
+    """
     log_p = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+    p = jnp.exp(log_p)
+    safe_log_p = jnp.where(p > 0, log_p, 0.0)  # 0 * -inf would be NaN, in the value and the gradient
+    return -jnp.sum(p * safe_log_p, axis=-1)
 
 
 def categorical_sample(key: chex.PRNGKey, logits: chex.Array) -> chex.Array:

@@ -14,6 +14,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ppo_async.health import short_warning
+
 # Columns every mode writes (DESIGN.md vocabulary). Later modes add their own.
 CORE_FIELDS = (
     "seed",
@@ -120,6 +122,7 @@ class Progress:
 
     def __init__(self, total_env_steps: int, enabled: bool = True, desc: str = "train") -> None:
         self._bar = None
+        self._last_return: Any = None
         if enabled:
             from tqdm.auto import tqdm
 
@@ -129,10 +132,20 @@ class Progress:
         if self._bar is None:
             return
         self._bar.update(env_steps - self._bar.n)
-        post = {"sps": _fmt(row.get("steps_per_second")), "return": _fmt(row.get("episode_return")), "kl": _fmt(row.get("approx_kl"), 4)}
+        if row.get("episode_return") is not None:  # iterations with no finished episode keep the last one
+            self._last_return = row["episode_return"]
+        post = {"sps": _fmt(row.get("steps_per_second")), "return": _fmt(self._last_return), "kl": _fmt(row.get("approx_kl"), 4)}
         if row.get("lag_mean") is not None:
             post["lag"] = _fmt(row.get("lag_mean"), 2)
+        warn = short_warning(row)
+        if warn:
+            post["WARN"] = warn
         self._bar.set_postfix(post, refresh=False)
+
+    def write(self, message: str) -> None:
+        """A line above the bar (nothing when the bar is off)."""
+        if self._bar is not None:
+            self._bar.write(message)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -7,7 +7,9 @@ function (`matplotlib.figure.Figure` + `FigureCanvasAgg`): nothing is selected o
 globally (no pyplot state), so this works headless, in threads and in notebooks alike.
 
 `None` / NaN values (e.g. `episode_return` of an iteration where no episode finished, or a
-`kl_per_lag` bucket with no sample) are skipped, never plotted as zero.
+`kl_per_lag` bucket with no sample) are skipped, never plotted as zero. Legends sit outside
+the axes, to the right (`fig.legends[0]`), so they never cover data. `compare_runs` writes the
+overlaid figures of several runs (`python -m ppo_async compare`).
 """
 
 from __future__ import annotations
@@ -20,15 +22,24 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from ppo_async import analysis
+
 __all__ = [
     "learning_curve",
     "lag_histogram",
     "kl_over_time",
     "kl_per_lag",
     "throughput",
+    "rolling_mean",
+    "THROUGHPUT_WINDOW",
+    "kl_over_time_runs",
+    "lag_histograms",
+    "compare_runs",
     "sweep_throughput_kl",
     "sampler_time_split",
     "plot_run",
+    "read_run_metrics",
+    "COMPARE_FILES",
     "seed_quantiles",
     "summed_lag_histogram",
     "mean_kl_per_lag",
@@ -38,6 +49,7 @@ __all__ = [
 
 KL_WATCH = 0.01  # DESIGN.md: < 0.01 fine, 0.01-0.03 watch, > 0.03 lag is hurting
 KL_HURTING = 0.03
+THROUGHPUT_WINDOW = 10  # iterations in the rolling mean of `throughput` (1 = raw rates)
 _MAX_GRID = 500
 _X_LABELS = {"env_steps": "env steps (per seed)", "wall_time": "wall time (s)"}
 
@@ -45,7 +57,7 @@ _X_LABELS = {"env_steps": "env steps (per seed)", "wall_time": "wall time (s)"}
 # ---------------------------------------------------------------------------- helpers
 
 
-def _figure(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (7.0, 4.5)) -> tuple[Any, Any]:
+def _figure(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] = (8.5, 4.5)) -> tuple[Any, Any]:
     """A Figure on an Agg canvas (no global backend switch, no pyplot registry) and its axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -80,23 +92,25 @@ def _numeric(series: pd.Series) -> np.ndarray:
     return pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64)
 
 
-def _list_rows(series: pd.Series) -> list[np.ndarray]:
-    """The rows of a list-valued column as float arrays (None entries -> NaN); rows that are
-    not lists (missing in that row) are skipped."""
-    out = []
-    for value in series:
-        if isinstance(value, (list, tuple, np.ndarray)):
-            out.append(np.array([np.nan if v is None else v for v in value], dtype=np.float64))
-    return out
+_list_rows = analysis.list_rows  # list-valued column -> float arrays (None -> NaN)
+_stack_padded = analysis.stack_padded  # [R, max_len], NaN padding
 
 
-def _stack_padded(rows: list[np.ndarray]) -> np.ndarray:
-    """[R, max_len] with NaN padding."""
-    width = max((len(r) for r in rows), default=0)
-    out = np.full((len(rows), width), np.nan)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
+def _legend_outside(fig: Any, *axes: Any) -> Any:
+    """One figure legend of every labelled artist of `axes`, outside them on the right.
+
+    `loc="outside right upper"` makes constrained layout shrink the axes to make room, so the
+    legend never covers data (an in-axes `loc="best"` can). Returns the Legend (None if
+    nothing is labelled); it is `fig.legends[0]`.
+    """
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    if not handles:
+        return None
+    return fig.legend(handles, labels, loc="outside right upper", fontsize="small")
 
 
 def _kl_guides(ax: Any) -> None:
@@ -194,7 +208,7 @@ def learning_curve(
     if plotted == 0:
         ax.text(0.5, 0.5, f"no finite {y} yet", transform=ax.transAxes, ha="center", va="center")
     else:
-        ax.legend(loc="best", fontsize="small")
+        _legend_outside(fig, ax)
     ax.set_xlabel(_X_LABELS.get(x, x))
     ax.set_ylabel(y.replace("_", " "))
     ax.set_title("Learning curve (median over seeds, 25-75% band)")
@@ -220,7 +234,41 @@ def kl_over_time(df: pd.DataFrame, path: str | os.PathLike | None = None, x: str
     ax.set_xlabel(_X_LABELS.get(x, x))
     ax.set_ylabel("KL to behaviour policy")
     ax.set_title("KL to the behaviour policy" + (" (mean over seeds)" if df.get("seed") is not None and df["seed"].nunique() > 1 else ""))
-    ax.legend(loc="best", fontsize="small")
+    _legend_outside(fig, ax)
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+    return fig
+
+
+def _runs_mapping(runs: Mapping[str, pd.DataFrame] | pd.DataFrame, what: str) -> Mapping[str, pd.DataFrame]:
+    if isinstance(runs, pd.DataFrame):
+        runs = {"run": runs}
+    if not runs:
+        raise ValueError(f"{what} needs at least one run")
+    return runs
+
+
+def kl_over_time_runs(
+    runs: Mapping[str, pd.DataFrame] | pd.DataFrame, path: str | os.PathLike | None = None, x: str = "env_steps"
+) -> Any:
+    """Several runs overlaid: per run `approx_kl` (mean over seeds) against `x`, with the 0.01
+    ("watch") and 0.03 ("lag hurting") guides.
+
+    `runs` maps a label to that run's metrics DataFrame. `fig.axes[0].lines[i]` is the i-th
+    run with a finite `approx_kl`; the last two lines are the guides.
+    """
+    runs = _runs_mapping(runs, "kl_over_time_runs")
+    fig, ax = _figure()
+    for i, (name, df) in enumerate(runs.items()):
+        _require(df, [x, "approx_kl"], f"kl_over_time_runs (run {name!r})")
+        agg = _mean_over_seeds(df, x, ["approx_kl"]).dropna(subset=["approx_kl"])
+        if len(agg):
+            ax.plot(agg[x], agg["approx_kl"], color=f"C{i % 10}", linewidth=1.6, label=str(name))
+    _kl_guides(ax)
+    ax.set_xlabel(_X_LABELS.get(x, x))
+    ax.set_ylabel("KL to behaviour policy (approx_kl)")
+    ax.set_title("KL to the behaviour policy (mean over seeds)")
+    _legend_outside(fig, ax)
     ax.grid(alpha=0.3)
     _save(fig, path)
     return fig
@@ -230,12 +278,9 @@ def kl_over_time(df: pd.DataFrame, path: str | os.PathLike | None = None, x: str
 
 
 def summed_lag_histogram(df: pd.DataFrame) -> np.ndarray:
-    """Element-wise sum of the `lag_histogram` lists over all rows (None -> 0)."""
+    """Element-wise sum of the `lag_histogram` lists over all rows (None -> 0): `analysis.lag_histogram_of`."""
     _require(df, ["lag_histogram"], "lag_histogram")
-    rows = _list_rows(df["lag_histogram"])
-    if not rows:
-        raise ValueError("lag_histogram: the 'lag_histogram' column has no list-valued rows")
-    return np.nansum(_stack_padded(rows), axis=0)
+    return analysis.lag_histogram_of(df)
 
 
 def lag_histogram(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
@@ -256,6 +301,41 @@ def lag_histogram(df: pd.DataFrame, path: str | os.PathLike | None = None) -> An
     ax.set_title(f"Lag histogram ({int(total):,} samples, mean lag {mean:.2f})")
     _lag_ticks(ax, len(lags))
     ax.grid(alpha=0.3, axis="y")
+    _save(fig, path)
+    return fig
+
+
+def lag_histograms(runs: Mapping[str, pd.DataFrame] | pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
+    """Several runs' lag histograms overlaid: per run, the fraction of its consumed samples at
+    each lag (`analysis.lag_histogram_of` / its total, so runs of different lengths compare),
+    a line with markers. Runs without `lag_histogram` lists are left out.
+
+    `fig.axes[0].lines[i]` is the i-th run that has a histogram; its y data are the fractions.
+    """
+    runs = _runs_mapping(runs, "lag_histograms")
+    fig, ax = _figure()
+    width = 0
+    for i, (name, df) in enumerate(runs.items()):
+        if not _has_values(df, "lag_histogram", lists=True):
+            continue
+        counts = analysis.lag_histogram_of(df)
+        total = counts.sum()
+        if total <= 0:
+            continue
+        lags = np.arange(len(counts))
+        mean = float((lags * counts).sum() / total)
+        ax.plot(lags, counts / total, color=f"C{i % 10}", marker="o", linewidth=1.4, label=f"{name} (mean lag {mean:.2f})")
+        width = max(width, len(counts))
+    if width == 0:
+        ax.text(0.5, 0.5, "no lag histogram in these runs", transform=ax.transAxes, ha="center", va="center")
+    else:
+        _lag_ticks(ax, width)
+        _legend_outside(fig, ax)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("lag (learner version at consumption - policy version)")
+    ax.set_ylabel("fraction of consumed samples")
+    ax.set_title("Lag histograms")
+    ax.grid(alpha=0.3)
     _save(fig, path)
     return fig
 
@@ -299,7 +379,7 @@ def kl_per_lag(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
     if len(lags):
         ax.set_xlim(-0.6, len(lags) - 0.4)
         _lag_ticks(ax, len(lags))
-    ax.legend(loc="best", fontsize="small")
+    _legend_outside(fig, ax)
     ax.grid(alpha=0.3, axis="y")
     _save(fig, path)
     return fig
@@ -308,38 +388,62 @@ def kl_per_lag(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
 # ---------------------------------------------------------------------------- throughput
 
 
-def throughput(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
+def rolling_mean(values: Sequence[float] | np.ndarray, window: int) -> np.ndarray:
+    """Trailing rolling mean: out[i] = mean of the finite values among values[i-window+1 .. i].
+
+    Pure (what `throughput` smooths with). The first points average the fewer values there
+    are (`min_periods=1`); NaN values are skipped, and a window with no finite value is NaN.
+    `window=1` returns the values unchanged. E.g. `rolling_mean([1, 2, 3, 4, 5], 3)` ->
+    `[1, 1.5, 2, 3, 4]`. Raises ValueError unless `window` is an integer >= 1.
+    """
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"window = {window!r} is invalid: it must be an integer >= 1 (iterations)")
+    series = pd.Series(np.asarray(values, dtype=np.float64))
+    return series.rolling(int(window), min_periods=1).mean().to_numpy()
+
+
+def _per_iteration(df: pd.DataFrame, key: str, columns: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Rows of the same iteration (one per seed) averaged to one, sorted by wall time."""
+    frame = pd.DataFrame({"key": _numeric(df[key]), "wall_time": _numeric(df["wall_time"]), **columns})
+    return frame.groupby("key", sort=True).mean().sort_values("wall_time")
+
+
+def _sampler_rates(df: pd.DataFrame) -> dict[str, np.ndarray]:
+    """`sampler_steps_per_second` lists as columns s0, s1, ... (NaN where a row has none)."""
+    rows = [np.array([np.nan if v is None else v for v in value], dtype=np.float64)
+            if isinstance(value, (list, tuple, np.ndarray)) else None for value in df["sampler_steps_per_second"]]
+    width = max((len(r) for r in rows if r is not None), default=0)
+    return {f"s{j}": np.array([r[j] if r is not None and j < len(r) else np.nan for r in rows]) for j in range(width)}
+
+
+def throughput(df: pd.DataFrame, path: str | os.PathLike | None = None, window: int = THROUGHPUT_WINDOW) -> Any:
     """`steps_per_second` (all seeds together) against wall time; one dashed line per sampler
-    if the `sampler_steps_per_second` column exists.
+    if the `sampler_steps_per_second` column exists (threaded runs).
 
     Rows of the same iteration (one per seed) carry the same figures and are averaged to one
-    point. `fig.axes[0].lines[0]` is the total; lines[1:] are samplers 0, 1, ...
+    point per iteration; every line is then smoothed with `rolling_mean` over the last
+    `window` iterations (default THROUGHPUT_WINDOW = 10; `window=1`: the raw per-iteration
+    rates, a sawtooth in threaded runs, where each iteration's rate depends on when chunks
+    happened to arrive). `fig.axes[0].lines[0]` is the total; lines[1:] are samplers 0, 1, ...
     """
     _require(df, ["wall_time", "steps_per_second"], "throughput")
+    rolling_mean([], window)  # validates window before anything is drawn
     key = "iteration" if "iteration" in df.columns else "wall_time"
-    frame = pd.DataFrame({"key": _numeric(df[key]), "wall_time": _numeric(df["wall_time"]), "sps": _numeric(df["steps_per_second"])})
-    agg = frame.groupby("key", sort=True).mean().sort_values("wall_time")
-    fig, ax = _figure()
-    ax.plot(agg["wall_time"], agg["sps"], color="C0", linewidth=1.8, label="total (all seeds)")
+    columns = {"sps": _numeric(df["steps_per_second"])}
     if "sampler_steps_per_second" in df.columns:
-        per = []
-        for k, w, value in zip(_numeric(df[key]), _numeric(df["wall_time"]), df["sampler_steps_per_second"]):
-            if isinstance(value, (list, tuple, np.ndarray)):
-                per.append((k, w, np.array([np.nan if v is None else v for v in value], dtype=np.float64)))
-        if per:
-            width = max(len(p[2]) for p in per)
-            rows = pd.DataFrame(
-                {"key": [p[0] for p in per], "wall_time": [p[1] for p in per]}
-                | {f"s{j}": [p[2][j] if j < len(p[2]) else np.nan for p in per] for j in range(width)}
-            )
-            sagg = rows.groupby("key", sort=True).mean().sort_values("wall_time")
-            for j in range(width):
-                ax.plot(sagg["wall_time"], sagg[f"s{j}"], linestyle="--", linewidth=1.0, color=f"C{(j + 1) % 10}", label=f"sampler {j}")
+        columns.update(_sampler_rates(df))
+    agg = _per_iteration(df, key, columns)
+    fig, ax = _figure()
+    ax.plot(agg["wall_time"], rolling_mean(agg["sps"], window), color="C0", linewidth=1.8, label="total (all seeds)")
+    samplers = [c for c in agg.columns if c.startswith("s") and c[1:].isdigit()]
+    for j, name in enumerate(samplers):
+        ax.plot(agg["wall_time"], rolling_mean(agg[name], window), linestyle="--", linewidth=1.0,
+                color=f"C{(j + 1) % 10}", label=f"sampler {j}")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("env steps / s")
-    ax.set_title("Throughput")
-    ax.legend(loc="best", fontsize="small")
+    ax.set_title("Throughput" + (f" (rolling mean over {window} iterations)" if window > 1 else " (per iteration)"))
+    _legend_outside(fig, ax)
     ax.grid(alpha=0.3)
     _save(fig, path)
     return fig
@@ -362,7 +466,7 @@ def sampler_time_split(df: pd.DataFrame, path: str | os.PathLike | None = None) 
     _require(df, columns, "sampler_time_split")
     last = df.iloc[-1]
     seconds = np.array([[np.nan if v is None else v for v in last[c]] for c in columns], dtype=np.float64)
-    fig, ax = _figure(figsize=(7.0, 0.6 * seconds.shape[1] + 1.8))
+    fig, ax = _figure(figsize=(8.5, 0.6 * seconds.shape[1] + 1.8))
     samplers = np.arange(seconds.shape[1])
     left = np.zeros(seconds.shape[1])
     for k, (_, label) in enumerate(SAMPLER_TIME_COLUMNS):
@@ -373,7 +477,7 @@ def sampler_time_split(df: pd.DataFrame, path: str | os.PathLike | None = None) 
     ax.invert_yaxis()
     ax.set_xlabel("seconds (cumulative)")
     ax.set_title("Sampler time split")
-    ax.legend(loc="best", fontsize="small")
+    _legend_outside(fig, ax)
     ax.grid(alpha=0.3, axis="x")
     _save(fig, path)
     return fig
@@ -413,8 +517,7 @@ def sweep_throughput_kl(df: pd.DataFrame, x: str, path: str | os.PathLike | None
     ax.set_xticklabels(ticklabels)
     ax.set_xlabel(x)
     ax.set_title(f"Throughput and KL vs {x}")
-    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax2.legend(handles, [h.get_label() for h in handles], loc="best", fontsize="small")
+    _legend_outside(fig, ax, ax2)
     ax.grid(alpha=0.3)
     _save(fig, path)
     return fig
@@ -431,21 +534,15 @@ def _has_values(df: pd.DataFrame, column: str, lists: bool = False) -> bool:
     return bool(np.isfinite(_numeric(df[column])).any())
 
 
-def plot_run(run_dir: str | os.PathLike) -> list[str]:
+def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
     """Reads `run_dir/metrics.jsonl` and writes every applicable PNG into `run_dir`:
     learning_curve.png, kl_over_time.png, throughput.png, and lag_histogram.png /
     kl_per_lag.png / sampler_time.png (threaded) when those columns exist. A plot whose columns have no finite value yet
-    (e.g. no episode finished) is skipped. Returns the paths written."""
-    from ppo_async.metrics import read_jsonl
-
+    (e.g. no episode finished) is skipped. `label` names the run in the learning curve's
+    legend (default: the directory's name). Returns the paths written."""
     run_dir = os.fspath(run_dir)
-    metrics_path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(metrics_path):
-        raise FileNotFoundError(f"plot_run: no metrics.jsonl in {run_dir!r}")
-    df = pd.DataFrame(read_jsonl(metrics_path))
-    if df.empty:
-        raise ValueError(f"plot_run: {metrics_path} has no rows")
-    name = os.path.basename(os.path.normpath(os.path.abspath(run_dir))) or "run"
+    df = read_run_metrics(run_dir, "plot_run")
+    name = label or os.path.basename(os.path.normpath(os.path.abspath(run_dir))) or "run"
     written: list[str] = []
 
     def out(stem: str) -> str:
@@ -465,4 +562,53 @@ def plot_run(run_dir: str | os.PathLike) -> list[str]:
         kl_per_lag(df, path=out("kl_per_lag"))
     if all(c in df.columns for c, _ in SAMPLER_TIME_COLUMNS):
         sampler_time_split(df, path=out("sampler_time"))
+    return written
+
+
+def read_run_metrics(run_dir: str | os.PathLike, what: str = "read_run_metrics") -> pd.DataFrame:
+    """`run_dir/metrics.jsonl` as a DataFrame (one row per seed x iteration; `metrics.read_jsonl`).
+
+    Raises FileNotFoundError when there is no metrics.jsonl, ValueError when it has no rows.
+    """
+    from ppo_async.metrics import read_jsonl
+
+    metrics_path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
+    if not os.path.isfile(metrics_path):
+        raise FileNotFoundError(f"{what}: no metrics.jsonl in {os.fspath(run_dir)!r}")
+    df = pd.DataFrame(read_jsonl(metrics_path))
+    if df.empty:
+        raise ValueError(f"{what}: {metrics_path} has no rows")
+    return df
+
+
+COMPARE_FILES = ("return_vs_env_steps.png", "return_vs_wall_time.png", "kl_over_time.png", "lag_histogram.png")
+
+
+def compare_runs(runs: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike) -> list[str]:
+    """Overlaid figures of several labelled runs, written into `out_dir` (created):
+    return_vs_env_steps.png and return_vs_wall_time.png (`learning_curve`: per run the median
+    over seeds and a 25-75% band), kl_over_time.png (`kl_over_time_runs`) and
+    lag_histogram.png (`lag_histograms`). A figure for which no run has a finite value is
+    skipped. Returns the paths written, in that order."""
+    runs = _runs_mapping(runs, "compare_runs")
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    written: list[str] = []
+
+    def out(index: int) -> str:
+        written.append(os.path.join(out_dir, COMPARE_FILES[index]))
+        return written[-1]
+
+    def having(*columns: str) -> dict[str, pd.DataFrame]:
+        return {k: d for k, d in runs.items() if all(c in d.columns for c in columns[1:]) and _has_values(d, columns[0])}
+
+    for index, x in ((0, "env_steps"), (1, "wall_time")):
+        with_returns = having("episode_return", x)
+        if with_returns:
+            learning_curve(with_returns, x=x, path=out(index))
+    with_kl = having("approx_kl", "env_steps")
+    if with_kl:
+        kl_over_time_runs(with_kl, path=out(2))
+    if any(_has_values(d, "lag_histogram", lists=True) for d in runs.values()):
+        lag_histograms(runs, path=out(3))
     return written

@@ -90,28 +90,31 @@ class Policy:
         return self._act(self.params, self.obs_stats, obs, key)
 
 
-def evaluate(policy: Policy, num_episodes: int = 20, seed: int = 0, deterministic: bool = True, max_steps: int | None = None) -> dict[str, np.ndarray]:
-    """Plays `num_episodes` episodes (vmapped, one jitted program) from independent resets.
+def episodes_program(policy: Policy, num_episodes: int, deterministic: bool = True,
+                     max_steps: int | None = None) -> Any:
+    """A jitted `(params, obs_stats, seed) -> (returns [E], lengths [E])` playing `num_episodes`
+    episodes (vmapped) of `policy`'s env and network from independent resets.
 
-    Each episode runs until its first `done` (termination or the env's time limit), at most
-    `max_steps` steps (default: the env's `max_steps_in_episode`). Returns per-episode
-    `{"returns": [E] float, "lengths": [E] int}`.
+    Params are arguments, not constants, so one compile serves every params of the same shapes
+    (evaluation during training calls it with the learner's params again and again). Each
+    episode runs until its first `done` (termination or the env's time limit), at most
+    `max_steps` steps (default: the env's `max_steps_in_episode`).
     """
-    if not isinstance(num_episodes, int) or num_episodes < 1:
+    if not isinstance(num_episodes, int) or isinstance(num_episodes, bool) or num_episodes < 1:
         raise ConfigError(f"num_episodes = {num_episodes!r} is invalid: must be an integer >= 1")
     env = policy.env
     if max_steps is None:
         max_steps = int(getattr(env.params, "max_steps_in_episode", 1000))
     clip = policy.config.rollout.clip_actions
 
-    def episode(key: chex.PRNGKey) -> tuple[chex.Array, chex.Array]:
+    def episode(params: Any, obs_stats: RunningMeanStd, key: chex.PRNGKey) -> tuple[chex.Array, chex.Array]:
         reset_key, key = jax.random.split(key)
         obs, state = env.env.reset(reset_key, env.params)
 
         def body(carry: Any, _: Any) -> tuple[Any, None]:
             obs, state, ret, length, alive, key = carry
             key, act_key, step_key = jax.random.split(key, 3)
-            action = policy._act_impl(policy.params, policy.obs_stats, obs, None if deterministic else act_key)
+            action = policy._act_impl(params, obs_stats, obs, None if deterministic else act_key)
             obs, state, reward, terminated, truncated, _ = env.env.step(
                 step_key, state, envs.env_action(env, action, clip), env.params
             )
@@ -125,6 +128,16 @@ def evaluate(policy: Policy, num_episodes: int = 20, seed: int = 0, deterministi
         (_, _, ret, length, _, _), _ = jax.lax.scan(body, init, None, length=max_steps)
         return ret, length
 
-    keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
-    returns, lengths = jax.jit(jax.vmap(episode))(keys)
+    def play(params: Any, obs_stats: RunningMeanStd, seed: chex.Array) -> tuple[chex.Array, chex.Array]:
+        keys = jax.random.split(jax.random.PRNGKey(seed), num_episodes)
+        return jax.vmap(episode, in_axes=(None, None, 0))(params, obs_stats, keys)
+
+    return jax.jit(play)
+
+
+def evaluate(policy: Policy, num_episodes: int = 20, seed: int = 0, deterministic: bool = True, max_steps: int | None = None) -> dict[str, np.ndarray]:
+    """Plays `num_episodes` episodes (vmapped, one jitted program, `episodes_program`) from
+    independent resets; returns per-episode `{"returns": [E] float, "lengths": [E] int}`."""
+    play = episodes_program(policy, num_episodes, deterministic, max_steps)
+    returns, lengths = play(policy.params, policy.obs_stats, seed)
     return {"returns": np.asarray(returns), "lengths": np.asarray(lengths)}

@@ -20,19 +20,24 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import jax
 import numpy as np
 
 from ppo_async import rundir
 from ppo_async.checkpoint import Checkpointer
 from ppo_async.config import Config, ConfigError, config_to_dict
+from ppo_async.health import RunHealth, first_warnings
 from ppo_async.lag import write_schedule
+from ppo_async.policy import Policy, episodes_program
 from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, scalar_items
 from ppo_async.result import TrainResult
 
+EVAL_SEED_OFFSET = 10_000  # evaluation episodes use seed + this (never a training key)
 LOSS_FIELDS = ("policy_loss", "value_loss", "entropy", "approx_kl")
 ACCOUNTING_FIELDS = ("samples_produced", "samples_consumed", "samples_dropped", "samples_resident")
 # Fields that may differ between a run and its resumption (they do not change the maths).
-RESUME_FREE_FIELDS = ("run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project")
+# total_env_steps may grow (an extension; `rundir.check_can_start` refuses shrinking).
+RESUME_FREE_FIELDS = ("run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "overwrite", "total_env_steps")
 
 
 def describe(label: Mapping[str, Any]) -> str:
@@ -151,6 +156,9 @@ class RunRecorder:
         self.last_saved_iteration = 0
         self.last_iteration = 0
         self._label_keys = {k for label in self.labels for k in label}
+        self._health = [RunHealth() for _ in self.labels]
+        self._eval_play: Any = None  # the compiled evaluation episodes, built at the first evaluation
+        self._first_warnings: dict[str, str] = {}  # kind -> message of its first appearance
         self._writer = self._tb = self._wandb = self._checkpointer = self._bar = None
         self._open = False
 
@@ -169,6 +177,9 @@ class RunRecorder:
         rundir.check_config_matches(self.config, meta, RESUME_FREE_FIELDS)
         iteration = int(meta["iteration"])
         self.rows = rundir.truncate_metrics(self.run_dir, iteration, len(self.labels))
+        for index, row in enumerate(self.rows):  # the warnings' running state, as the run left it
+            self._health[index % len(self.labels)].update(row)
+        self._first_warnings = first_warnings(self.rows)
         self.first_iteration = iteration + 1
         self.last_saved_iteration = self.last_iteration = iteration
         self.resumed_meta = meta
@@ -230,6 +241,35 @@ class RunRecorder:
         every = self.config.checkpoint_every
         return iteration == self.config.num_iterations or (every > 0 and iteration % every == 0)
 
+    def eval_due(self, iteration: int) -> bool:
+        """Whether the learner's params are evaluated after `iteration`: every `eval_every` and after the last."""
+        every = self.config.eval_every
+        return every > 0 and (iteration % every == 0 or iteration == self.config.num_iterations)
+
+    def wants_state(self, iteration: int) -> bool:
+        """Whether `record` needs the state after `iteration` (a checkpoint or an evaluation is due)."""
+        return self.checkpoint_due(iteration) or self.eval_due(iteration)
+
+    def _evaluate(self, train_state: Any, rows: Sequence[Mapping[str, Any]]) -> list[float]:
+        """Mean deterministic return of `eval_episodes` episodes per row, with that row's params.
+
+        `train_state` leaves carry the rows' leading axes (`[S]`, or `[C, S]` in a vmapped
+        sweep); one compiled episode program (`policy.episodes_program`) serves every call.
+        Episode starts depend on the row's seed only, so every evaluation of a run plays the
+        same starts.
+        """
+        lead = np.ndim(train_state.version)
+        flat = jax.tree.map(lambda x: np.reshape(np.asarray(x), (len(rows),) + np.shape(x)[lead:]), train_state)
+        out = []
+        for i, row in enumerate(rows):
+            policy = Policy.of_seed(self.config.replace(num_seeds=len(rows)), flat, i)
+            if self._eval_play is None:
+                self._eval_play = episodes_program(policy, self.config.eval_episodes)
+            seed = EVAL_SEED_OFFSET + int(row.get("seed", self.config.seed))
+            returns, _ = self._eval_play(policy.params, policy.obs_stats, seed)
+            out.append(float(np.mean(np.asarray(returns))))
+        return out
+
     def record(self, rows: list[dict[str, Any]], iteration: int, state: Callable[[], Any] | None = None) -> None:
         """Checks and writes one learner iteration's rows (one per label), then checkpoints if due.
 
@@ -241,6 +281,11 @@ class RunRecorder:
             check_env_values(row, self.config.env, iteration)
             check_accounting(row, iteration)
         check_finite(rows, LOSS_FIELDS, iteration)
+        self._check_health(rows)
+        snapshot = state() if state is not None and self.wants_state(iteration) else None
+        if snapshot is not None and self.eval_due(iteration):
+            for row, eval_return in zip(rows, self._evaluate(snapshot.train_state, rows)):
+                row["eval_return"] = eval_return
         if self._writer is not None:
             for row in rows:
                 self._writer.write(row)
@@ -249,14 +294,30 @@ class RunRecorder:
         if self._wandb is not None:
             self._wandb.log(wandb_row(rows, self._label_keys), step=int(rows[0]["env_steps"]))
         self.last_iteration = iteration
-        if state is not None and self.checkpoint_due(iteration):
-            self.save_checkpoint(iteration, state(), rows)
+        if snapshot is not None and self.checkpoint_due(iteration):
+            self.save_checkpoint(iteration, snapshot, rows)
         if self.keep_rows:
             self.rows.extend(rows)
         if self._bar is not None:
             self._bar.update(int(rows[0]["env_steps"]), rows[0])
         if self.on_iteration is not None:
             self.on_iteration(rows)
+
+    def _check_health(self, rows: list[dict[str, Any]]) -> None:
+        """Adds the `health` fields to each row; a warning of a new kind goes to the console
+        (above the progress bar) and to `self.warnings`."""
+        for health, row in zip(self._health, rows):
+            row.update(health.update(row))
+        first = first_warnings(rows, self._first_warnings)
+        for kind in first.keys() - self._first_warnings.keys():
+            if self._bar is not None:
+                self._bar.write(f"warning: {first[kind]}")
+        self._first_warnings = first
+
+    @property
+    def warnings(self) -> list[str]:
+        """Each kind of warning once, as it first appeared (see `ppo_async.health`)."""
+        return list(self._first_warnings.values())
 
     def save_checkpoint(self, iteration: int, state: Any, rows: Sequence[Mapping[str, Any]]) -> None:
         """Writes checkpoint `iteration` with the metadata a resume needs (counters per row)."""
@@ -295,6 +356,7 @@ class RunRecorder:
 
             plot_run(self.run_dir)
         extras = dict(extras or {})
+        extras["warnings"] = list(self.warnings)
         if self.resumed_meta is not None:
             extras["first_iteration"] = self.first_iteration
         return TrainResult(

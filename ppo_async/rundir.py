@@ -81,6 +81,62 @@ def prepare_fresh(run_dir: str) -> None:
                 os.remove(path)
 
 
+def check_can_start(config: Config, resume: bool) -> None:
+    """Checks `config.run_dir` before anything is compiled; raises ConfigError when a run cannot
+    start there.
+
+    Fresh runs: a file is refused; a non-empty directory that is not a run directory is
+    refused; a run directory (config.json) is refused unless `config.overwrite` (then
+    `prepare_fresh` resets it when the run opens). Resumed runs: the directory must hold a
+    run whose latest checkpoint is not already complete, and `total_env_steps` may grow (an
+    extension) but not shrink.
+    """
+    run_dir = config.run_dir
+    if run_dir is None:
+        return
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise ConfigError(f"run_dir = {run_dir!r} is invalid: it is a file, not a directory")
+    holds_run = os.path.isfile(os.path.join(run_dir, CONFIG_FILE))
+    if resume:
+        _check_resumable(config)
+    elif holds_run and not config.overwrite:
+        raise ConfigError(
+            f"run_dir = {run_dir!r} already holds a run ({CONFIG_FILE}, {METRICS_FILE}); a new run would overwrite it. "
+            "Pass overwrite=True (CLI: --overwrite) to replace it, resume it (resume(run_dir) / train --resume RUN_DIR), "
+            "or choose another run_dir"
+        )
+    elif os.path.isdir(run_dir) and os.listdir(run_dir) and not holds_run:
+        raise ConfigError(
+            f"run_dir = {run_dir!r} is invalid: the directory is not empty and is not a ppo_async run directory "
+            f"(no {CONFIG_FILE}); choose a new or empty directory"
+        )
+
+
+def _check_resumable(config: Config) -> None:
+    """The run in `config.run_dir` has a checkpoint short of `config.num_iterations`."""
+    ckpt_dir = checkpoint_dir(config.run_dir)
+    if not os.path.isdir(ckpt_dir):
+        raise CheckpointError(f"no checkpoints in {config.run_dir!r} (no {ckpt_dir})")
+    with Checkpointer(ckpt_dir, max_to_keep=config.keep_checkpoints) as ckpt:
+        if ckpt.latest_step() is None:
+            raise CheckpointError(f"no checkpoints in {ckpt_dir}")
+        meta = ckpt.metadata()
+    check_format(meta, ckpt_dir)
+    iteration = int(meta.get("iteration", 0))
+    saved_total = int(meta.get("config", {}).get("total_env_steps", config.total_env_steps))
+    if config.total_env_steps < saved_total:
+        raise ConfigError(
+            f"total_env_steps = {config.total_env_steps} is invalid for resuming {config.run_dir!r}: the run was "
+            f"started with {saved_total}; a resumed run can be extended, not shortened"
+        )
+    if iteration >= config.num_iterations:
+        raise ConfigError(
+            f"the run in {config.run_dir!r} is complete: {iteration} of {config.num_iterations} learner iterations "
+            f"({iteration * config.batch_size} env steps per seed). To extend it, resume with a larger total_env_steps "
+            f"(CLI: train --resume {config.run_dir} --total-env-steps N; API: resume(run_dir, total_env_steps=N))"
+        )
+
+
 def check_config_matches(config: Config, meta: dict[str, Any], free_fields: tuple[str, ...]) -> None:
     """Raises ConfigError naming every field (but `free_fields`) where `config` differs from a checkpoint's."""
     saved = dict(meta.get("config", {}))
@@ -118,16 +174,20 @@ def restore_checkpoint(run_dir: str, state_like: Any, keep: int, step: int | Non
     if not os.path.isdir(ckpt_dir):
         raise CheckpointError(f"no checkpoints in {run_dir!r} (no {ckpt_dir})")
     with Checkpointer(ckpt_dir, max_to_keep=keep) as ckpt:
-        meta = ckpt.metadata(step)
-        found = meta.get("format", 1)
-        if found != CHECKPOINT_FORMAT:
-            raise CheckpointError(
-                f"the checkpoint in {ckpt_dir} has format {found}, written by "
-                f"{'an older' if found < CHECKPOINT_FORMAT else 'a newer'} version of ppo_async; this version reads "
-                f"format {CHECKPOINT_FORMAT} (format 2 keeps the optax optimiser chain state, format 1 a bare Adam "
-                "state). Retrain, or load it with the ppo_async version that wrote it."
-            )
+        check_format(ckpt.metadata(step), ckpt_dir)
         return ckpt.restore(state_like, step=step)
+
+
+def check_format(meta: dict[str, Any], ckpt_dir: str) -> None:
+    """Raises CheckpointError when checkpoint metadata is not of `CHECKPOINT_FORMAT`."""
+    found = meta.get("format", 1)
+    if found != CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"the checkpoint in {ckpt_dir} has format {found}, written by "
+            f"{'an older' if found < CHECKPOINT_FORMAT else 'a newer'} version of ppo_async; this version reads "
+            f"format {CHECKPOINT_FORMAT} (format 2 keeps the optax optimiser chain state, format 1 a bare Adam "
+            "state). Retrain, or load it with the ppo_async version that wrote it."
+        )
 
 
 def truncate_metrics(run_dir: str, iteration: int, num_rows: int) -> list[dict[str, Any]]:

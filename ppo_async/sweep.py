@@ -38,35 +38,66 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.config import Config, ConfigError, LagConfig, get_path, replace_path
+from ppo_async.config import Config, ConfigError, LagConfig, config_from_dict, config_to_dict, get_path, replace_paths
 from ppo_async.lag import make_schedule
 from ppo_async.learner import TRACED_CONFIG_FIELDS, hyperparams_from_config
 from ppo_async.modes.common import over_seeds, run_iterations
 from ppo_async.modes.simulated import make_simulated_program, schedule_arrays
+from ppo_async.modes.threaded import lag_buckets_of, program_key, resolve_placement, run_threaded
 from ppo_async.recorder import RunRecorder
 
 STRATEGIES = ("auto", "vmap", "loop")
 
 
 
+# Grid keys a sweep cannot honour: it picks the mode from the base config, runs one seed per
+# run (`seeds=`) and writes no run directory (save the DataFrame with `save_sweep`).
+UNSWEEPABLE = {
+    "mode": "the mode comes from the base config (simulated for sync/simulated, threaded for threaded); run one sweep per mode",
+    "num_seeds": "give seeds= to sweep() instead",
+    "seed": "give seeds= (a count or an explicit list) to sweep() instead",
+    "run_dir": "a sweep writes no run directory; save its DataFrame with save_sweep()",
+    "overwrite": "a sweep writes no run directory",
+    "checkpoint_every": "a sweep writes no checkpoints",
+    "keep_checkpoints": "a sweep writes no checkpoints",
+    "wandb_project": "a sweep does not log to W&B",
+}
+# What a sweep resets in the base config: it writes no run directory (documented, not silent).
+_NO_RUN_DIR = {"run_dir": None, "checkpoint_every": 0, "keep_checkpoints": 3, "overwrite": False, "wandb_project": None}
+
+
+def sweep_mode(config: Config) -> str:
+    """The mode a sweep runs its configs in: threaded for a threaded base config, else simulated
+    (one emulated sampler at lag 0 is bit for bit the sync mode)."""
+    return "threaded" if config.mode == "threaded" else "simulated"
+
+
 def expand_grid(config: Config, grid: Mapping[str, Sequence[Any]]) -> list[tuple[dict[str, Any], Config]]:
-    """The cartesian product of the grid as (grid point, validated Config) pairs, in grid order."""
+    """The cartesian product of the grid as (grid point, validated Config) pairs, in grid order.
+
+    Raises ConfigError for a grid key a sweep cannot honour (`UNSWEEPABLE`), an unknown key, an
+    empty or non-list value list, or a grid point that is not a valid config (every field of a
+    point is set at once, so the order of the keys never matters).
+    """
     if not isinstance(grid, Mapping):
         raise ConfigError(f"grid must be a mapping of dotted field names to value lists, got {type(grid).__name__}")
     keys = list(grid)
     if not keys:
         raise ConfigError("grid is empty: give at least one dotted field name with a non-empty list of values")
     for key in keys:
+        if key in UNSWEEPABLE:
+            raise ConfigError(f"grid key {key!r} cannot be swept: {UNSWEEPABLE[key]}")
         values = grid[key]
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
             raise ConfigError(f"grid[{key!r}] must be a non-empty list of values, got {values!r}")
+        get_path(config, key)  # unknown keys fail here, naming the key
+    base = config_to_dict(config)
+    base.update(_NO_RUN_DIR, mode=sweep_mode(config), num_seeds=1)
+    base = config_from_dict(base)
     points = []
     for values in itertools.product(*(grid[k] for k in keys)):
         point = dict(zip(keys, values))
-        cfg = config.replace(mode="simulated", run_dir=None, num_seeds=1)
-        for key, value in point.items():
-            cfg = replace_path(cfg, key, value)
-        points.append((point, cfg))
+        points.append((point, replace_paths(base, point)))
     return points
 
 
@@ -101,7 +132,7 @@ def sweep(
     grid: Mapping[str, Sequence[Any]],
     seeds: int | Sequence[int] = 1,
     strategy: str = "auto",
-    progress: bool = False,
+    progress: bool = True,
 ) -> "Any":
     """Runs every grid point for every seed; returns a tidy pandas DataFrame (see module doc).
 
@@ -110,7 +141,8 @@ def sweep(
       grid: dotted field name -> list of values.
       seeds: a number of seeds (config.seed, config.seed + 1, ...) or an explicit list.
       strategy: "vmap", "loop" or "auto".
-      progress: a progress bar per compiled group / config.
+      progress: a progress bar per compiled group / config (a line per run in threaded sweeps);
+        on by default, `progress=False` for silence.
     """
     import pandas as pd
 
@@ -122,24 +154,29 @@ def sweep(
     if not seed_list or len(set(seed_list)) != len(seed_list):
         raise ConfigError(f"seeds = {seeds!r} is invalid: need at least one seed, without repeats")
     points = expand_grid(config, grid)
-    groups: dict[Config, list[int]] = {}
-    for index, (_, cfg) in enumerate(points):
-        groups.setdefault(static_key(cfg), []).append(index)
-
     totals = SweepTotals()
-    run_group = _run_group_vmap if strategy == "vmap" else _run_group_loop
-    for members in groups.values():
-        run_group(points, members, seed_list, totals, progress)
+    if sweep_mode(config) == "threaded":
+        strategy = "threaded"
+        num_compiles = _run_threaded_points(points, seed_list, totals, progress)
+    else:
+        groups: dict[Config, list[int]] = {}
+        for index, (_, cfg) in enumerate(points):
+            groups.setdefault(static_key(cfg), []).append(index)
+        run_group = _run_group_vmap if strategy == "vmap" else _run_group_loop
+        for members in groups.values():
+            run_group(points, members, seed_list, totals, progress)
+        num_compiles = len(groups)
 
     df = pd.DataFrame(totals.rows)
     df = df.sort_values(["config_id", "seed", "iteration"], kind="stable").reset_index(drop=True)
     df.attrs.update(
         strategy=strategy,
-        compiles=len(groups),
+        compiles=num_compiles,
         traces=totals.traces,
         compile_seconds=totals.compile_seconds,
         run_seconds=totals.run_seconds,
         grid={k: list(v) for k, v in grid.items()},
+        none_as_inf=none_as_inf_columns([p for p, _ in points]),
         seeds=seed_list,
     )
     return df
@@ -150,6 +187,7 @@ class SweepTotals:
     """What a sweep accumulates over its compile groups."""
 
     rows: list = dataclasses.field(default_factory=list)
+    runs_done: list = dataclasses.field(default_factory=list)
     traces: int = 0
     compile_seconds: float = 0.0
     run_seconds: float = 0.0
@@ -185,7 +223,8 @@ def _group_program(points: list, members: list[int], num_seeds: int, totals: Swe
 
 
 def _labels(points: list, member: int, seed_list: list[int]) -> list[dict[str, Any]]:
-    return [{"config_id": member, **_point_labels(points[member][0]), "seed": s} for s in seed_list]
+    encoded = grid_labels([p for p, _ in points])[member]
+    return [{"config_id": member, **encoded, "seed": s} for s in seed_list]
 
 
 def _run(config: Config, labels: list, compiled: Any, states: Any, args: tuple, totals: SweepTotals, progress: bool,
@@ -226,9 +265,79 @@ def _run_group_loop(points: list, members: list[int], seed_list: list[int], tota
         _run(cfg, _labels(points, members[c], seed_list), compiled, group.init(keys), args, totals, progress)
 
 
-def _point_labels(point: Mapping[str, Any]) -> dict[str, Any]:
-    """Grid values as row columns (tuples become lists, None stays None)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in point.items()}
+def _run_threaded_points(points: list, seed_list: list[int], totals: SweepTotals, progress: bool) -> int:
+    """Every (config, seed) as a real threaded run, one after another; returns the number of
+    distinct compiled program sets. Runs whose programs match (`threaded.program_key`: only
+    samplers, buffer, refresh, latency, seeds or traced hyperparameters differ) reuse them."""
+    keys = set()
+    total = len(points) * len(seed_list)
+    for index, (point, cfg) in enumerate(points):
+        placement = resolve_placement(cfg)
+        keys.add(program_key(cfg, placement.sampler_devices, placement.learner_devices, lag_buckets_of(cfg)))
+        for seed in seed_list:
+            run_cfg = cfg.replace(seed=seed)
+            t0 = time.perf_counter()
+            recorder = RunRecorder(run_cfg, _labels(points, index, [seed]))
+            try:
+                result = run_threaded(run_cfg, recorder)
+            finally:
+                recorder.close()
+            seconds = time.perf_counter() - t0
+            totals.compile_seconds += result.compile_seconds
+            totals.run_seconds += seconds - result.compile_seconds
+            totals.rows.extend(recorder.rows)
+            if progress:
+                print(_threaded_run_line(len(totals.runs_done) + 1, total, index, seed, point, recorder.rows, seconds,
+                                         result.compile_seconds), flush=True)
+            totals.runs_done.append((index, seed))
+    return len(keys)
+
+
+def _threaded_run_line(k: int, total: int, config_id: int, seed: int, point: Mapping[str, Any], rows: list,
+                       seconds: float, compile_seconds: float) -> str:
+    """One progress line per threaded sweep run: which run, its grid point, return, KL, drops, time."""
+    returns = [r["episode_return"] for r in rows if r.get("episode_return") is not None]
+    tail = returns[-max(1, len(returns) // 10):] if returns else []
+    kl = [r["approx_kl"] for r in rows if r.get("approx_kl") is not None]
+    dropped = rows[-1]["samples_dropped"] if rows else 0
+    consumed = rows[-1]["samples_consumed"] if rows else 0
+    where = ", ".join(f"{key}={value!r}" for key, value in point.items())
+    final = f"{sum(tail) / len(tail):.1f}" if tail else "n/a"
+    mean_kl = f"{sum(kl) / len(kl):.4f}" if kl else "n/a"
+    frac = dropped / max(consumed + dropped, 1)
+    return (f"sweep run {k}/{total}: config {config_id} ({where}) seed {seed}: {len(rows)} iterations, "
+            f"final return {final}, mean approx_kl {mean_kl}, {frac:.0%} dropped, {seconds:.1f}s "
+            f"(compile {compile_seconds:.1f}s)")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+
+
+def none_as_inf_columns(points: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Grid keys whose values are numbers or None, with a None among them: their None is
+    written as `inf` (in every such field None means "no bound": dual_clip = inf is plain PPO,
+    max_lag = inf keeps every sample, value_clip_eps = inf clips nothing)."""
+    keys = list(points[0]) if points else []
+    return [k for k in keys if any(p[k] is None for p in points) and all(p[k] is None or _is_number(p[k]) for p in points)]
+
+
+def grid_labels(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The grid columns of each point, made groupable by a plain `df.groupby(grid_keys)`:
+    None becomes inf in numeric columns (`none_as_inf_columns`) and the string "None" in others
+    (pandas drops NaN / None keys from groups), sequences become tuples (hashable)."""
+    as_inf = set(none_as_inf_columns(points))
+    out = []
+    for point in points:
+        labels = {}
+        for key, value in point.items():
+            if value is None:
+                value = math.inf if key in as_inf else "None"
+            elif isinstance(value, (list, tuple)):
+                value = tuple(value)
+            labels[key] = value
+        out.append(labels)
+    return out
 
 
 def _json_value(value: Any) -> Any:
@@ -243,28 +352,54 @@ def _json_value(value: Any) -> Any:
 
 
 def save_sweep(df: "Any", path: str | os.PathLike) -> None:
-    """Writes a sweep DataFrame as JSON lines plus a `.attrs.json` sidecar.
+    """Writes a sweep DataFrame as JSON lines (or CSV when `path` ends in .csv) plus a
+    `.attrs.json` sidecar; `load_sweep` reads either back.
 
-    Written with the standard `json` module, not `DataFrame.to_json`, whose fixed number of
-    decimal places (10 by default) would round small metrics such as a KL of 1e-6.
+    JSON lines are written with the standard `json` module, not `DataFrame.to_json`, whose
+    fixed number of decimal places (10 by default) would round small metrics such as a KL of
+    1e-6. In CSV, list-valued cells (lag histograms, per-lag KL, tuple grid values) are JSON
+    text, decoded again by `load_sweep`.
     """
+    import pandas as pd
+
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for record in df.to_dict(orient="records"):
-            f.write(json.dumps({str(k): _json_value(v) for k, v in record.items()}, allow_nan=False) + "\n")
+    if path.endswith(".csv"):
+        out = df.copy()
+        for column in out.columns:
+            if not pd.api.types.is_numeric_dtype(out[column]):
+                out[column] = [json.dumps(_json_value(v)) if isinstance(v, (list, tuple, np.ndarray)) else v
+                               for v in out[column]]
+        out.to_csv(path, index=False, float_format="%.17g")
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            for record in df.to_dict(orient="records"):
+                f.write(json.dumps({str(k): _json_value(v) for k, v in record.items()}, allow_nan=False) + "\n")
     with open(path + ".attrs.json", "w", encoding="utf-8") as f:
         json.dump(df.attrs, f, indent=2, default=str)
 
 
 def load_sweep(path: str | os.PathLike) -> "Any":
-    """Reads a DataFrame written by `save_sweep` (attrs restored when the sidecar exists)."""
+    """Reads a DataFrame written by `save_sweep` (attrs restored when the sidecar exists):
+    list cells come back as lists, grid columns as the sweep wrote them (tuples for sequence
+    values, inf for the None of `attrs["none_as_inf"]`)."""
     import pandas as pd
 
     path = os.fspath(path)
-    df = pd.read_json(path, orient="records", lines=True, precise_float=True)
+    if path.endswith(".csv"):
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        for column in df.columns:
+            if not pd.api.types.is_numeric_dtype(df[column]):
+                df[column] = [json.loads(v) if isinstance(v, str) and v.startswith("[") else v for v in df[column]]
+    else:
+        df = pd.read_json(path, orient="records", lines=True, precise_float=True)
     sidecar = path + ".attrs.json"
     if os.path.isfile(sidecar):
         with open(sidecar, encoding="utf-8") as f:
             df.attrs.update(json.load(f))
+    for column in df.attrs.get("none_as_inf", []):
+        df[column] = df[column].astype(float).fillna(math.inf)
+    for column in df.attrs.get("grid", {}):
+        if column in df.columns and not pd.api.types.is_numeric_dtype(df[column]):
+            df[column] = [tuple(v) if isinstance(v, list) else v for v in df[column]]
     return df

@@ -16,7 +16,7 @@ from ppo_async.policy import Policy, check_seed_index
 from ppo_async.recorder import RunRecorder
 from ppo_async.registry import get_mode
 from ppo_async.result import TrainResult
-from ppo_async.rundir import read_run_config, restore_checkpoint
+from ppo_async.rundir import check_can_start, read_run_config, restore_checkpoint
 
 
 def train(
@@ -30,8 +30,9 @@ def train(
 
     With `config.run_dir` set it writes RUN_DIR/config.json, metrics.jsonl, checkpoints/
     (every `config.checkpoint_every` iterations and at the end), TensorBoard events in tb/ and,
-    once the run is done, the PNG plots of `plots.plot_run`. A fresh run resets a previous
-    run in the same directory and refuses a non-empty directory that is not a run directory.
+    once the run is done, the PNG plots of `plots.plot_run`. A run directory that already
+    holds a run is refused unless `config.overwrite` (then it is reset); a non-empty directory
+    that is not a run directory is always refused. Both are checked before compiling.
 
     Args:
       config: a validated `Config`.
@@ -46,6 +47,9 @@ def train(
     mode = get_mode(config.mode)
     if resume and not mode.resumable:
         raise ConfigError(f"resume is not supported for mode={config.mode!r} ({mode.why_not_resumable})")
+    if resume and config.run_dir is None:
+        raise ConfigError("resume=True needs config.run_dir (the run to continue)")
+    check_can_start(config, resume)  # before anything is compiled
     labels = [{"seed": config.seed + i} for i in range(config.num_seeds)]
     recorder = RunRecorder(config, labels, progress=progress, on_iteration=on_iteration)
     try:
@@ -54,9 +58,26 @@ def train(
         recorder.close()
 
 
-def resume(run_dir: str, *, progress: bool = False, on_iteration: Callable[[list[dict[str, Any]]], None] | None = None) -> TrainResult:
-    """Continues the run in `run_dir` (its config.json) from its latest complete checkpoint."""
+def resume(
+    run_dir: str,
+    *,
+    total_env_steps: int | None = None,
+    progress: bool = False,
+    on_iteration: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> TrainResult:
+    """Continues the run in `run_dir` (its config.json) from its latest complete checkpoint.
+
+    A complete run raises ConfigError saying so. `total_env_steps` larger than the run's
+    extends it: the new total is written to config.json and the run continues from its last
+    checkpoint to the new end. Extensions are deterministic in sync / simulated mode (the same
+    extension twice gives the same rows). With `ppo.anneal_lr` the learning rate is annealed
+    to 0 over the *new* total, so from the resumed iteration on it follows
+    `lr * (1 - iteration / new_num_iterations)`: it steps back up from where the original
+    schedule had brought it (near 0 at the end of a finished run).
+    """
     config = read_run_config(run_dir)
+    if total_env_steps is not None:
+        config = config.replace(total_env_steps=total_env_steps)
     return train(config, progress=progress, on_iteration=on_iteration, resume=True)
 
 

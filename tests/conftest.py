@@ -78,6 +78,13 @@ def nan_rewards(monkeypatch):
         return next_state, step._replace(reward=step.reward * jnp.nan)
 
     monkeypatch.setattr(envs, "step_envs", poisoned)
+    # threaded runs keep compiled programs across runs of one shape: trace them anew, poisoned
+    # (and again after the test, unpoisoned)
+    from ppo_async.modes.threaded import clear_program_cache
+
+    clear_program_cache()
+    yield
+    clear_program_cache()
 
 
 @pytest.fixture

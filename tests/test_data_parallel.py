@@ -64,7 +64,8 @@ def test_barrier_and_chunk_config_rules():
             num_samplers=4, barrier=True, buffer_capacity=2048, full_policy="overwrite_oldest"))
     with pytest.raises(pa.ConfigError, match=r"threaded.buffer_capacity = 1000 .*whole number of rollout chunks.*1024"):
         pa.Config(mode="threaded", threaded=pa.ThreadedConfig(buffer_capacity=1000))
-    pa.Config(mode="sync", threaded=pa.ThreadedConfig(buffer_capacity=1000))  # only checked in threaded mode
+    with pytest.raises(pa.ConfigError, match=r"threaded.buffer_capacity = 1000 has no effect.*mode='sync'"):
+        pa.Config(mode="sync", threaded=pa.ThreadedConfig(buffer_capacity=1000))  # a threaded knob outside threaded mode
     assert pa.Config(mode="threaded", threaded=pa.ThreadedConfig(buffer_capacity=3072)).buffer_capacity_chunks == 3
     with pytest.raises(pa.ConfigError, match=r"total_env_steps.*chunks_per_batch"):
         pa.Config(mode="threaded", total_env_steps=2048, threaded=pa.ThreadedConfig(num_samplers=4, barrier=True))

@@ -166,13 +166,14 @@ def test_kl_per_lag_ignores_none(tmp_path):
 
 
 def test_throughput_total_and_per_sampler(tmp_path):
-    fig = plots.throughput(three_seeds(), path=tmp_path / "tp.png")
+    # window=1: the raw per-iteration rates (the default smooths; see tests/test_compare.py)
+    fig = plots.throughput(three_seeds(), path=tmp_path / "tp.png", window=1)
     assert_png(tmp_path / "tp.png")
     lines = fig.axes[0].lines
     assert len(lines) == 1  # one point per iteration, not per seed
     np.testing.assert_allclose(lines[0].get_xdata(), [0.5, 1.0, 1.5, 2.0])
     np.testing.assert_allclose(lines[0].get_ydata(), [1000, 2000, 3000, 4000])
-    fig = plots.throughput(lag_frame())
+    fig = plots.throughput(lag_frame(), window=1)
     lines = fig.axes[0].lines
     assert [line.get_label() for line in lines] == ["total (all seeds)", "sampler 0", "sampler 1"]
     np.testing.assert_allclose(lines[1].get_ydata(), [10, 11, 12, 13])

@@ -218,8 +218,8 @@ def run_iterations(
         if pending is not None:
             flush(*pending)  # iteration - 1's rows, while this one runs
             pending = None
-        if recorder.checkpoint_due(iteration):
-            flush(iteration, metrics, states)  # saved before the next step donates it
+        if recorder.wants_state(iteration):
+            flush(iteration, metrics, states)  # checkpointed / evaluated before the next step donates it
         else:
             pending = (iteration, metrics)
     if pending is not None:

@@ -23,7 +23,9 @@ is named and joined; every blocking call has a timeout.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import json
 import queue
 import random
 import signal
@@ -38,7 +40,7 @@ import numpy as np
 
 from ppo_async import envs, learner
 from ppo_async.buffer import RingBuffer
-from ppo_async.config import Config, ConfigError
+from ppo_async.config import Config, ConfigError, config_to_dict
 from ppo_async.lag import must_force_refresh, schedule_record, should_refresh
 from ppo_async.learner import LEARNER_AXIS, hyperparams_from_config
 from ppo_async.metrics import NonFiniteError, to_python
@@ -187,6 +189,23 @@ def _record_failure(shared: RunShared, name: str, exc: BaseException) -> None:
     shared.stop.set()
 
 
+def _still_fresh(store: ParamStore, version: int, max_lag: int | None, chunks_per_batch: int) -> Callable | None:
+    """`admit` for the buffer: a chunk made with `version` goes in only if it will still be
+    within `max_lag` versions when the learner consumes it; None (admit all) without a filter.
+
+    The learner consumes it from the latest version, plus one if the learner is busy updating
+    (no consumer waiting in the buffer), plus one per batch of chunks resident ahead of it.
+    """
+    if max_lag is None:
+        return None
+
+    def admit(resident: int, consumer_waiting: bool) -> bool:
+        consumed_at = store.latest_version() + (0 if consumer_waiting else 1) + resident // chunks_per_batch
+        return not must_force_refresh(version, consumed_at, max_lag)
+
+    return admit
+
+
 def sampler_loop(
     shared: RunShared, sampler_id: int, rollout_fn: Callable, env_state: Any, key: jax.Array, device: Any
 ) -> None:
@@ -244,10 +263,22 @@ def sampler_loop(
             # to the buffer's device (a no-op put costs ~0.15 ms per chunk: skip it on one device)
             chunk = trajectory if same_device else jax.device_put(trajectory, shared.buffer_device)
             t0 = time.perf_counter()
+            fresh = None if tcfg.barrier else _still_fresh(store, version, config.lag.max_lag, tcfg.effective_chunks_per_batch)
+            refused = []
+            admit = None if fresh is None else (lambda resident, waiting: fresh(resident, waiting) or refused.append(1))
             while not stop.is_set():
-                if buffer.put(chunk, timeout=POLL_S, tag=(sampler_id, made - shared.start, version)):
+                if buffer.put(chunk, timeout=POLL_S, tag=(sampler_id, made - shared.start, version), admit=admit):
                     stats.produced += chunk_size
                     made_with = version
+                    break
+                if refused:
+                    # Went staler than lag.max_lag while waiting for space: discard it here (a
+                    # forced refresh, counted) rather than put it in to be dropped by the learner.
+                    stats.produced += chunk_size
+                    stats.discarded += chunk_size
+                    stats.forced_refreshes += 1
+                    snapshot = store.get_if_newer(version, device) or snapshot
+                    version, last_refresh = int(snapshot.version), time.perf_counter()
                     break
             stats.wait_buffer_s += time.perf_counter() - t0
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
@@ -506,34 +537,99 @@ def lag_buckets_of(config: Config) -> int:
     return (config.lag.max_lag + 2) if config.lag.max_lag is not None else 16
 
 
+# Fields of a threaded config that shape no compiled program: runs that differ only in them
+# (a sweep over samplers, buffer length, refresh lag, latency, seeds, traced hyperparameters)
+# reuse one set of compiled functions.
+_PROGRAM_FREE_THREADED = ("num_samplers", "refresh_lag", "min_refresh_interval_s", "buffer_capacity", "full_policy",
+                          "sampler_step_latency_ms", "latency_jitter", "timeout_s")
+_PROGRAM_TOP = ("env", "mode", "num_seeds", "total_env_steps", "rollout", "ppo", "network", "threaded")
+_PROGRAMS_KEPT = 8
+
+
+def program_key(config: Config, sampler_devices: tuple, learner_devices: tuple, lag_buckets: int) -> str:
+    """A string equal for two threaded configs exactly when their compiled programs are the same:
+    env, rollout shape, network, static PPO fields, batch chunks, devices and lag buckets
+    (traced hyperparameters, seeds and the sampler / buffer knobs are left out)."""
+    data = {name: value for name, value in config_to_dict(config).items() if name in _PROGRAM_TOP}
+    for name in _PROGRAM_FREE_THREADED:
+        data["threaded"].pop(name)
+    for path in learner.TRACED_CONFIG_FIELDS.values():
+        section, _, name = path.partition(".")
+        if section in data and name in data[section]:
+            value = data[section].pop(name)
+            if path == "ppo.value_clip_eps":
+                data[section]["value_clipping"] = value is not None  # on/off is static
+    data["devices"] = [sorted({d.id for d in sampler_devices}), [d.id for d in learner_devices], lag_buckets]
+    return json.dumps(data, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ThreadedPrograms:
+    """The jitted functions of a threaded run (compiled on first call, kept across runs)."""
+
+    init: Callable  # jit(key -> TrainState)
+    rollout_fn: Callable
+    reset: Callable
+    update: Callable
+    place_state: Callable
+    place_trajectory: Callable
+    merge: Callable
+
+
+_PROGRAMS: "collections.OrderedDict[str, ThreadedPrograms]" = collections.OrderedDict()
+
+
+def clear_program_cache() -> None:
+    """Forgets every kept compiled program set (e.g. after patching a function they traced)."""
+    _PROGRAMS.clear()
+
+
+def threaded_programs(config: Config, placement: Placement, lag_buckets: int) -> ThreadedPrograms:
+    """The jitted functions of `config`, shared by every run with the same `program_key`
+    (the last `_PROGRAMS_KEPT` keys are kept), so a sweep of threaded runs compiles once per shape."""
+    key = program_key(config, placement.sampler_devices, placement.learner_devices, lag_buckets)
+    if key in _PROGRAMS:
+        _PROGRAMS.move_to_end(key)
+        return _PROGRAMS[key]
+    _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets)
+    update, place_state, place_trajectory = make_learner_update(config, placement, lag_buckets)
+    num_envs = config.rollout.num_envs
+    programs = ThreadedPrograms(
+        init=jax.jit(lambda k: learner.init_train_state(learner_ctx, k, rollout_ctx.env.obs_shape)),
+        rollout_fn=jax.jit(lambda snap, es, k: rollout(rollout_ctx, snap, es, k)),
+        reset=jax.jit(lambda k: envs.reset_envs(rollout_ctx.env, k, num_envs)),
+        update=update, place_state=place_state, place_trajectory=place_trajectory,
+        merge=jax.jit(concat_trajectories),
+    )
+    _PROGRAMS[key] = programs
+    while len(_PROGRAMS) > _PROGRAMS_KEPT:
+        _PROGRAMS.popitem(last=False)
+    return programs
+
+
 def make_threaded_setup(config: Config) -> ThreadedSetup:
     """Placement, compiled rollout / merge / update, train state, envs and keys of a threaded config."""
     t_start = time.perf_counter()
     tcfg = config.threaded
     placement = resolve_placement(config)
-    lag_buckets = lag_buckets_of(config)
-    _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets)
+    programs = threaded_programs(config, placement, lag_buckets_of(config))
     param_key, env_key, run_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
-    update, place_state, place_trajectory = make_learner_update(config, placement, lag_buckets)
-    train_state = place_state(
-        jax.jit(lambda k: learner.init_train_state(learner_ctx, k, rollout_ctx.env.obs_shape))(param_key)
-    )
+    place_state = programs.place_state
+    train_state = place_state(programs.init(param_key))
     hparams, run_key = place_state(hyperparams_from_config(config)), place_state(run_key)
-    rollout_fn = jax.jit(lambda snap, es, k: rollout(rollout_ctx, snap, es, k))
-    reset = jax.jit(lambda k: envs.reset_envs(rollout_ctx.env, k, config.rollout.num_envs))
     devices = placement.sampler_devices
-    env_states = [jax.device_put(reset(sampler_env_key(env_key, s)), devices[s]) for s in range(tcfg.num_samplers)]
+    env_states = [jax.device_put(programs.reset(sampler_env_key(env_key, s)), devices[s]) for s in range(tcfg.num_samplers)]
     keys = jax.random.split(jax.random.fold_in(run_key, 1), tcfg.num_samplers)
     sampler_keys = [jax.device_put(k, devices[s]) for s, k in enumerate(keys)]
     example = None
     for device in dict.fromkeys(devices):  # compile the rollout once per sampler device
         s = devices.index(device)
-        _, example = rollout_fn(jax.device_put(snapshot_of(train_state), device), env_states[s], sampler_keys[s])
+        _, example = programs.rollout_fn(jax.device_put(snapshot_of(train_state), device), env_states[s], sampler_keys[s])
     setup = ThreadedSetup(
-        config=config, placement=placement, rollout_fn=rollout_fn, update=update, place_trajectory=place_trajectory,
-        merge=jax.jit(concat_trajectories), train_state=train_state, learner_key=run_key, hparams=hparams,
-        env_states=env_states, sampler_keys=sampler_keys, example=jax.device_put(example, placement.buffer_device),
-        compile_seconds=0.0,
+        config=config, placement=placement, rollout_fn=programs.rollout_fn, update=programs.update,
+        place_trajectory=programs.place_trajectory, merge=programs.merge, train_state=train_state,
+        learner_key=run_key, hparams=hparams, env_states=env_states, sampler_keys=sampler_keys,
+        example=jax.device_put(example, placement.buffer_device), compile_seconds=0.0,
     )
     setup.update.lower(train_state, setup.batch(), run_key, hparams).compile()
     setup.compile_seconds = time.perf_counter() - t_start
@@ -627,7 +723,8 @@ def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) ->
     last: list[LearnerOutput] = []
 
     def log(item: LearnerOutput) -> None:
-        recorder.record([item.row], item.row["iteration"], state=lambda: threaded_checkpoint(item.train_state))
+        row = {**recorder.labels[0], **item.row}  # labels (seed; config_id and grid values in a sweep) lead
+        recorder.record([row], row["iteration"], state=lambda: threaded_checkpoint(item.train_state))
         schedule.extend(item.records)
         last[:] = [item]
 
