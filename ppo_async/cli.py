@@ -264,6 +264,8 @@ def run_train(argv: Sequence[str]) -> int:
     result = train(config, progress=not quiet, resume=resume_dir is not None)
     final = result.final_returns()
     finals = ", ".join(f"{r:.1f}" for r in final) + (f" (mean {np.nanmean(final):.1f})" if len(final) > 1 else "")
+    for message in result.extras.get("warnings", []):  # see ppo_async.health: even with --quiet
+        print(f"warning: {message}", flush=True)
     if quiet:
         print(f"final return (mean of last 10% of iterations): {finals}; run dir: {config.run_dir}", flush=True)
         return 0

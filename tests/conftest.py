@@ -121,10 +121,11 @@ def pytest_collection_modifyitems(config, items):
         module = getattr(item, "module", None)
         if info is None or module is None:
             continue
+        module_id = item.nodeid.split("::")[0]  # fixtures defined in the test module itself have it as baseid
         shared = [
             name for name in item.fixturenames
             for d in info.name2fixturedefs.get(name, ())
-            if d.scope == "module" and getattr(d.func, "__module__", None) == module.__name__
+            if d.scope == "module" and d.baseid == module_id
         ]
         if shared:
             item.add_marker(pytest.mark.xdist_group(module.__name__))

@@ -294,3 +294,41 @@ def test_block_with_max_lag_discards_stale_rollouts_at_the_sampler():
     versions = [0] + [r["learner_version"] for r in rows]
     published = sum(b > a for a, b in zip(versions, versions[1:]))
     assert published >= 0.95 * len(rows), (published, len(rows))
+
+
+def test_a_sampler_stuck_in_the_env_is_named_in_a_timeout_error(monkeypatch, tmp_path):
+    import threading
+
+    from ppo_async.modes import threaded
+
+    release = threading.Event()
+    real_setup = threaded.make_threaded_setup
+
+    def setup_with_a_hanging_env(config):
+        setup = real_setup(config)
+        rollout_fn, calls = setup.rollout_fn, []
+
+        def rollout_that_hangs(*args):
+            if threading.current_thread().name == "ppo_async-sampler-1":
+                calls.append(1)
+                if len(calls) > 2:
+                    release.wait()  # foreign code that never returns (until the test ends)
+            return rollout_fn(*args)
+
+        setup.rollout_fn = rollout_that_hangs
+        return setup
+
+    monkeypatch.setattr(threaded, "make_threaded_setup", setup_with_a_hanging_env)
+    monkeypatch.setattr(threaded, "JOIN_TIMEOUT_S", 1.0)
+    config = pa.Config(**{**TINY, "total_env_steps": 30 * 64}, mode="threaded", run_dir=str(tmp_path / "r"),
+                       threaded=Th(num_samplers=2, timeout_s=2.0, sampler_step_latency_ms=(0.0, 0.0)))
+    try:
+        with pytest.raises(TimeoutError) as info:
+            pa.train(config)  # sampler 0 feeds the learner to the end; sampler 1 never comes back
+    finally:
+        release.set()
+    text = str(info.value) + " ".join(getattr(info.value, "__notes__", []))
+    assert "ppo_async-sampler-1 (in rollout for" in text and "cannot be killed" in text, text
+    rows = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    assert len(rows) == 30 and os.path.isfile(tmp_path / "r" / "version_schedule.jsonl")  # finalised
+    assert pa.load(tmp_path / "r").iteration == 30

@@ -78,6 +78,12 @@ class SamplerStats:
     wait_params_s: float = 0.0
     wait_buffer_s: float = 0.0
     latency_s: float = 0.0
+    phase: str = "starting"  # what the thread is doing now: params, rollout, latency, put
+    phase_since: float = 0.0  # perf_counter() when that began
+
+    def enter(self, phase: str) -> None:
+        """Marks what the sampler does next (named if the thread gets stuck there)."""
+        self.phase, self.phase_since = phase, time.perf_counter()
 
 
 @dataclass(frozen=True)
@@ -224,6 +230,7 @@ def sampler_loop(
         made_with: int | None = None  # version of the last rollout put into the buffer
         while not stop.is_set():
             t0 = time.perf_counter()
+            stats.enter("params")
             if tcfg.barrier:
                 if made_with == version:  # one rollout per version: wait for the learner's next one
                     newer = store.wait_for_newer(version, timeout=POLL_S, device=device)
@@ -240,6 +247,7 @@ def sampler_loop(
                 stats.refreshes += 1
                 stats.wait_params_s += last_refresh - t0
             t0 = time.perf_counter()
+            stats.enter("rollout")
             key, rollout_key = jax.random.split(key)
             env_state, trajectory = rollout_fn(snapshot, env_state, rollout_key)
             jax.block_until_ready(trajectory.transitions.reward)
@@ -249,6 +257,7 @@ def sampler_loop(
                 sleep = latency_ms * config.rollout.num_steps / 1000.0
                 sleep *= 1.0 + tcfg.latency_jitter * (2.0 * rng.random() - 1.0)
                 t0 = time.perf_counter()
+                stats.enter("latency")
                 stop.wait(sleep)  # sleeps outside the GIL; wakes at once on stop
                 stats.latency_s += time.perf_counter() - t0
                 made = time.perf_counter()  # the chunk is delivered after its env latency
@@ -263,6 +272,7 @@ def sampler_loop(
             # to the buffer's device (a no-op put costs ~0.15 ms per chunk: skip it on one device)
             chunk = trajectory if same_device else jax.device_put(trajectory, shared.buffer_device)
             t0 = time.perf_counter()
+            stats.enter("put")
             fresh = None if tcfg.barrier else _still_fresh(store, version, config.lag.max_lag, tcfg.effective_chunks_per_batch)
             refused = []
             admit = None if fresh is None else (lambda resident, waiting: fresh(resident, waiting) or refused.append(1))
@@ -693,15 +703,38 @@ def watch(shared: RunShared, learner_thread: threading.Thread, outputs: queue.Qu
 
 def raise_thread_errors(shared: RunShared, threads: Sequence[threading.Thread]) -> None:
     """Re-raises the first thread failure in the caller (with its traceback); or names stuck threads."""
+    stuck = describe_stuck(shared, threads)
     if shared.errors:
         name, exc, tb = shared.errors[0]
         if isinstance(exc, (NonFiniteError, ConfigError, TimeoutError)):
             exc.add_note(f"(raised in thread ppo_async-{name})")
+            if stuck:
+                exc.add_note(stuck)
             raise exc
         raise ThreadFailure(f"thread {name} failed: {exc!r}\n--- traceback of {name} ---\n{tb}") from exc
-    stuck = [t.name for t in threads if t.is_alive()]
     if stuck:
-        raise RuntimeError(f"threads did not stop within {JOIN_TIMEOUT_S:.0f}s: {stuck}")
+        raise TimeoutError(stuck)
+
+
+def describe_stuck(shared: RunShared, threads: Sequence[threading.Thread]) -> str:
+    """"" when every thread stopped; else a message naming each thread still alive and what it
+    was doing (a sampler's phase and for how long), e.g. inside an env that never returns."""
+    now = time.perf_counter()
+    parts = []
+    for thread in threads:
+        if not thread.is_alive():
+            continue
+        sampler = thread.name.rpartition("-")[2]
+        if thread.name.startswith("ppo_async-sampler-") and sampler.isdigit():
+            stats = shared.stats[int(sampler)]
+            parts.append(f"{thread.name} (in {stats.phase} for {now - stats.phase_since:.1f}s)")
+        else:
+            parts.append(thread.name)
+    if not parts:
+        return ""
+    return (f"threads still running {JOIN_TIMEOUT_S:.0f}s after the stop: {', '.join(parts)}. A Python thread stuck "
+            "in foreign code (an env step that never returns) cannot be killed: it stays until the process exits; "
+            "the run directory was finalised with the rows recorded so far")
 
 
 def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) -> TrainResult:
