@@ -355,7 +355,7 @@ class ThreadedConfig:
     buffer_capacity: int | None = None
     """Ring-buffer capacity in transitions, a whole number of rollout chunks (num_envs * num_steps each); None = 4 chunks."""
     full_policy: Literal["overwrite_oldest", "block"] = "block"
-    """What a full buffer does to a producer: overwrite the oldest chunk (counted) or block."""
+    """What a full buffer does to a producer: overwrite the oldest chunk (counted) or block (wait for space). Either way a put waits for the buffer lock while other samplers write theirs (see sampler_wait_buffer_s)."""
     sampler_step_latency_ms: tuple[float, ...] = ()
     """Simulated env-step latency per sampler (ms per env step, slept outside the GIL after each rollout); () = none."""
     latency_jitter: float = 0.0

@@ -452,7 +452,7 @@ def throughput(df: pd.DataFrame, path: str | os.PathLike | None = None, window: 
 SAMPLER_TIME_COLUMNS = (
     ("sampler_rollout_s", "rollout"),
     ("sampler_wait_params_s", "waiting for params"),
-    ("sampler_wait_buffer_s", "waiting for buffer space"),
+    ("sampler_wait_buffer_s", "buffer put (space, lock, write)"),
     ("sampler_latency_s", "simulated env latency"),
 )
 

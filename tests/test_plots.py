@@ -194,7 +194,7 @@ def test_sampler_time_split_stacks_the_last_rows_seconds(tmp_path):
     fig = plots.sampler_time_split(df, path=tmp_path / "st.png")
     assert_png(tmp_path / "st.png")
     bars = fig.axes[0].containers
-    assert [c.get_label() for c in bars] == ["rollout", "waiting for params", "waiting for buffer space", "simulated env latency"]
+    assert [c.get_label() for c in bars] == ["rollout", "waiting for params", "buffer put (space, lock, write)", "simulated env latency"]
     np.testing.assert_allclose([r.get_width() for r in bars[0]], [2.0, 1.5])
     np.testing.assert_allclose([r.get_x() for r in bars[3]], [2.75, 1.5])  # stacked after the earlier segments
     np.testing.assert_allclose([r.get_width() for r in bars[3]], [1.0, 6.0])
