@@ -112,6 +112,7 @@ def cli_main(capsys):
     return call
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup hook reads the marks
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist `--dist loadgroup`, the tests of a module that share one of its own
     module-scoped fixtures (a trained run, a subprocess) go to one worker, so the fixture is
