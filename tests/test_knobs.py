@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -191,6 +192,8 @@ def test_resuming_a_complete_run_says_so_and_a_larger_total_extends_it(tmp_path)
     run_dir = str(tmp_path / "r")
     base = pa.Config(**TINY, run_dir=run_dir, checkpoint_every=2)
     pa.train(base)
+    other = str(tmp_path / "s")
+    shutil.copytree(run_dir, other)  # the same finished run, extended again below
     with pytest.raises(pa.ConfigError, match=r"is complete: 4 of 4 learner iterations.*--total-env-steps"):
         pa.resume(run_dir)
     with pytest.raises(pa.ConfigError, match="extended, not shortened"):
@@ -204,8 +207,6 @@ def test_resuming_a_complete_run_says_so_and_a_larger_total_extends_it(tmp_path)
     lr = base.ppo.learning_rate
     assert rows[4]["learning_rate"] == pytest.approx(lr * (1 - 4 / 7), rel=1e-5)
     # the same extension twice gives the same rows
-    other = str(tmp_path / "s")
-    pa.train(base.replace(run_dir=other))
     pa.resume(other, total_env_steps=7 * 64)
     again = read_jsonl(os.path.join(other, "metrics.jsonl"))
     for a, b in zip(rows, again):

@@ -212,6 +212,17 @@ def _still_fresh(store: ParamStore, version: int, max_lag: int | None, chunks_pe
     return admit
 
 
+def _force_refresh(stats: SamplerStats, store: ParamStore, snapshot: Any, version: int, device: Any,
+                   chunk_size: int) -> tuple[Any, int, float]:
+    """Counts a discarded rollout (a forced refresh) and pulls the latest params:
+    `(snapshot, version, refresh time)`."""
+    stats.produced += chunk_size
+    stats.discarded += chunk_size
+    stats.forced_refreshes += 1
+    snapshot = store.get_if_newer(version, device) or snapshot
+    return snapshot, int(snapshot.version), time.perf_counter()
+
+
 def sampler_loop(
     shared: RunShared, sampler_id: int, rollout_fn: Callable, env_state: Any, key: jax.Array, device: Any
 ) -> None:
@@ -263,11 +274,7 @@ def sampler_loop(
                 made = time.perf_counter()  # the chunk is delivered after its env latency
             if not tcfg.barrier and must_force_refresh(version, store.latest_version(), config.lag.max_lag):
                 # Forced refresh: the rollout just made is too stale; discard it (counted).
-                stats.produced += chunk_size
-                stats.discarded += chunk_size
-                stats.forced_refreshes += 1
-                snapshot = store.get_if_newer(version, device) or snapshot
-                version, last_refresh = int(snapshot.version), time.perf_counter()
+                snapshot, version, last_refresh = _force_refresh(stats, store, snapshot, version, device, chunk_size)
                 continue
             # to the buffer's device (a no-op put costs ~0.15 ms per chunk: skip it on one device)
             chunk = trajectory if same_device else jax.device_put(trajectory, shared.buffer_device)
@@ -282,13 +289,9 @@ def sampler_loop(
                     made_with = version
                     break
                 if refused:
-                    # Went staler than lag.max_lag while waiting for space: discard it here (a
-                    # forced refresh, counted) rather than put it in to be dropped by the learner.
-                    stats.produced += chunk_size
-                    stats.discarded += chunk_size
-                    stats.forced_refreshes += 1
-                    snapshot = store.get_if_newer(version, device) or snapshot
-                    version, last_refresh = int(snapshot.version), time.perf_counter()
+                    # Would be staler than lag.max_lag when consumed: discard it here (a forced
+                    # refresh, counted) rather than put it in to be dropped by the learner.
+                    snapshot, version, last_refresh = _force_refresh(stats, store, snapshot, version, device, chunk_size)
                     break
             stats.wait_buffer_s += time.perf_counter() - t0
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
