@@ -129,7 +129,27 @@ def _load_config_file(path: str) -> dict:
         raise ConfigError(f"--config {path!r}: cannot parse: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path!r}: expected a mapping of config fields")
-    return data
+    return nest_dotted_keys(data)
+
+
+def nest_dotted_keys(data: dict) -> dict:
+    """`{"ppo.gamma": 0.9, "ppo": {"clip_eps": 0.1}}` -> `{"ppo": {"gamma": 0.9, "clip_eps": 0.1}}`:
+    config files may use dotted keys (as the command line does), nested sections, or both."""
+    out: dict = {}
+    for key, value in data.items():
+        section, dot, name = str(key).partition(".")
+        if dot:
+            out.setdefault(section, {})
+            if not isinstance(out[section], dict):
+                from ppo_async.config import ConfigError
+
+                raise ConfigError(f"config key {key!r}: {section!r} is not a section")
+            out[section][name.replace("-", "_")] = value
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key].update(value)
+        else:
+            out[key] = value
+    return out
 
 
 def _pop_option(args: list[str], name: str) -> str | None:

@@ -333,3 +333,19 @@ def test_a_sampler_stuck_in_the_env_is_named_in_a_timeout_error(monkeypatch, tmp
     rows = read_jsonl(tmp_path / "r" / "metrics.jsonl")
     assert len(rows) == 30 and os.path.isfile(tmp_path / "r" / "version_schedule.jsonl")  # finalised
     assert pa.load(tmp_path / "r").iteration == 30
+
+
+def test_config_files_accept_dotted_keys_as_well_as_nested_ones(cli_main, tmp_path):
+    from ppo_async.cli import nest_dotted_keys
+
+    assert nest_dotted_keys({"ppo.gamma": 0.9, "ppo": {"clip_eps": 0.1}, "env": "CartPole-v1"}) == \
+        {"ppo": {"gamma": 0.9, "clip_eps": 0.1}, "env": "CartPole-v1"}
+    path = tmp_path / "c.json"
+    path.write_text('{"env": "CartPole-v1", "ppo.gamma": 0.9, "rollout": {"num_envs": 4}, "rollout.num_steps": 16}')
+    proc = cli_main(["train", "--config", str(path), "--run-dir", str(tmp_path / "r"), "--ppo.num-minibatches", "2",
+                     "--ppo.num-epochs", "1", "--total-env-steps", "128", "--quiet"])
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert saved["ppo"]["gamma"] == 0.9 and saved["rollout"]["num_envs"] == 4 and saved["rollout"]["num_steps"] == 16
