@@ -25,7 +25,8 @@ TEST_BUDGET = 10_000  # env steps per seed (default budgets: 60k quickstart, 100
 @pytest.fixture
 def kernel_name(tmp_path_factory, monkeypatch):
     """A throwaway kernel spec that runs ipykernel on *this* interpreter (so the kernel sees
-    the same installed packages as the test, whatever the global `python3` spec points to)."""
+    the same installed packages as the test, whatever the global `python3` spec points to),
+    with this checkout first on its path (so it tests this tree's `ppo_async`)."""
     root = tmp_path_factory.mktemp("jupyter")
     spec_dir = root / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True)
@@ -33,6 +34,8 @@ def kernel_name(tmp_path_factory, monkeypatch):
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "ppo_async test kernel",
         "language": "python",
+        # the checkout under test, whatever the editable install points at
+        "env": {"PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH", "")]))},
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     monkeypatch.setenv("JUPYTER_PATH", str(root) + os.pathsep + os.environ.get("JUPYTER_PATH", ""))
