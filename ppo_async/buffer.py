@@ -140,7 +140,7 @@ class RingBuffer:
 
     # -- producer / consumer ------------------------------------------------------------
     def put(self, chunk: Any, timeout: float | None = 1.0, tag: Any = None,
-            admit: Callable[[int, bool], bool] | None = None) -> bool:
+            admit: Callable[[int, bool], bool] | None = None, timings: dict[str, float] | None = None) -> bool:
         """Add a chunk. False if the buffer is closed, ("block") no space came in `timeout` s, or
         `admit()` said no.
 
@@ -150,25 +150,46 @@ class RingBuffer:
         (after any wait for space), with the chunks already resident and whether a consumer is
         blocked in `get` right now: a producer uses it to withhold a chunk that would be too
         stale by the time it is consumed.
+
+        `timings`, when given, gets this call's seconds added under three keys: `lock_s`
+        (waiting to acquire the buffer's lock while other threads hold it), `space_s` (waiting
+        for a free slot: "block" only, so always 0.0 for "overwrite_oldest") and `write_s`
+        (writing the chunk into the device ring, under the lock).
         """
         deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
+        t_call = time.perf_counter()
         with self._cond:
-            if self.full_policy == "block":
-                while not self._closed and self._size >= self.capacity:
-                    if not self._wait(deadline):
-                        return False
-            if self._closed or (admit is not None and not admit(self._size, self._consumers_waiting > 0)):
-                return False
-            self._state = self._add(self._state, chunk)
-            self._added += 1
-            self._tags.append(tag)
-            if self._size >= self.capacity:
-                self._overwritten += 1
-                self._tags.popleft()
-            else:
-                self._size += 1
-            self._cond.notify_all()
-            return True
+            t_locked = time.perf_counter()
+            has_space = self._wait_for_space(deadline)
+            t_space = time.perf_counter() if self.full_policy == "block" else t_locked  # overwrite never waits
+            admitted = has_space and not self._closed and (admit is None or admit(self._size, self._consumers_waiting > 0))
+            if admitted:
+                self._write(chunk, tag)
+            if timings is not None:
+                t_end = time.perf_counter()
+                for name, seconds in (("lock_s", t_locked - t_call), ("space_s", t_space - t_locked), ("write_s", t_end - t_space)):
+                    timings[name] = timings.get(name, 0.0) + seconds
+            return admitted
+
+    def _wait_for_space(self, deadline: float | None) -> bool:
+        """("block") Wait, holding the lock, until a slot is free; False on timeout. Always True for "overwrite_oldest"."""
+        if self.full_policy == "block":
+            while not self._closed and self._size >= self.capacity:
+                if not self._wait(deadline):
+                    return False
+        return True
+
+    def _write(self, chunk: Any, tag: Any) -> None:
+        """Adds `chunk` with its tag (the caller holds the lock); overwrites the oldest when full."""
+        self._state = self._add(self._state, chunk)
+        self._added += 1
+        self._tags.append(tag)
+        if self._size >= self.capacity:
+            self._overwritten += 1
+            self._tags.popleft()
+        else:
+            self._size += 1
+        self._cond.notify_all()
 
     def get(self, timeout: float | None = 1.0) -> Any | None:
         """Pop the oldest chunk; None if none arrived within `timeout` s or the buffer is closed and empty."""

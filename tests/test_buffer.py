@@ -138,6 +138,42 @@ def test_block_policy_times_out():
     assert [int(buf.get(timeout=0.1)["id"]) for _ in range(2)] == [1, 2]
 
 
+def test_put_timings_split_lock_space_and_write():
+    """overwrite_oldest never waits for space (space_s is exactly 0); block's wait for space
+    is counted as space, and a thread holding the lock shows up as lock time."""
+    over = RingBuffer(make_chunk(0), 2, full_policy="overwrite_oldest")
+    timings: dict[str, float] = {}
+    for i in range(5):  # the last three overwrite
+        assert over.put(make_chunk(i), timings=timings)
+    assert timings["space_s"] == 0.0 and timings["write_s"] > 0.0 and timings["lock_s"] >= 0.0
+    # another thread holds the lock for 0.2 s: the put waits for the lock, not for space
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with over._cond:
+            held.set()
+            release.wait(5.0)
+
+    holder = threading.Thread(target=hold, name="holder")
+    holder.start()
+    held.wait(5.0)
+    threading.Timer(0.2, release.set).start()
+    locked: dict[str, float] = {}
+    assert over.put(make_chunk(5), timings=locked)
+    holder.join(5.0)
+    assert locked["lock_s"] >= 0.15 and locked["space_s"] == 0.0
+
+    block = RingBuffer(make_chunk(0), 1, full_policy="block")
+    assert block.put(make_chunk(0))
+    threading.Timer(0.2, lambda: block.get(timeout=1.0)).start()
+    waited: dict[str, float] = {}
+    assert block.put(make_chunk(1), timeout=5.0, timings=waited)
+    assert waited["space_s"] >= 0.15 and waited["lock_s"] < 0.15
+    refused: dict[str, float] = {}
+    assert block.put(make_chunk(2), timeout=0.1, timings=refused) is False  # full: timed out waiting for space
+    assert refused["space_s"] >= 0.08 and refused["write_s"] < 0.05
+
+
 def test_get_on_empty_times_out():
     buf = RingBuffer(make_chunk(0), 2)
     t0 = time.monotonic()

@@ -58,6 +58,11 @@ def test_run_completes_with_lag_metrics_and_accounting(run):
         assert 0 <= r["sampler_id"] < 4 and len(r["sampler_steps_per_second"]) == 4
         assert r["lag_mean"] == r["learner_version"] - 1 - r["behavior_version"]
     assert rows[-1]["learner_version"] == 30
+    # block: a put's time splits into waiting for space, for the lock, and the own write
+    last = rows[-1]
+    for total, space, write in zip(last["sampler_wait_buffer_s"], last["sampler_wait_space_s"], last["sampler_write_s"]):
+        assert 0.0 < write and space + write <= total + 1e-9
+    assert max(last["sampler_wait_space_s"]) > 0.0  # four samplers outpace a one-chunk learner
     # lag emerges from timing: with 4 samplers and a 1-chunk-per-iteration learner, some batches are stale
     assert max(r["lag_max"] for r in rows) >= 1
     assert sampler_threads() == []
@@ -161,6 +166,10 @@ def test_max_lag_forces_refreshes_and_filters_stale_samples():
     assert last["samples_dropped"] == (
         last["dropped_forced_refresh"] + last["dropped_overwritten"] + last["dropped_stale_total"]
     )
+    # overwrite_oldest never waits for space; a put's time is the lock queue plus the own write
+    assert last["sampler_wait_space_s"] == [0.0] * 4
+    for total, write in zip(last["sampler_wait_buffer_s"], last["sampler_write_s"]):
+        assert 0.0 < write <= total
 
 
 def test_ctrl_c_stops_every_thread_and_keeps_what_was_done(tmp_path):

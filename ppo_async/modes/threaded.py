@@ -76,10 +76,17 @@ class SamplerStats:
     forced_refreshes: int = 0
     rollout_s: float = 0.0
     wait_params_s: float = 0.0
-    wait_buffer_s: float = 0.0
+    # RingBuffer.put's lock_s / space_s / write_s, all keys present from the start (the
+    # learner thread sums them while this one adds: the dict never changes size)
+    put_timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("lock_s", "space_s", "write_s"), 0.0))
     latency_s: float = 0.0
     phase: str = "starting"  # what the thread is doing now: params, rollout, latency, put
     phase_since: float = 0.0  # perf_counter() when that began
+
+    @property
+    def wait_buffer_s(self) -> float:
+        """Seconds inside buffer puts: waiting for the lock, for space (block), and writing."""
+        return sum(self.put_timings.values())
 
     def enter(self, phase: str) -> None:
         """Marks what the sampler does next (named if the thread gets stuck there)."""
@@ -278,13 +285,13 @@ def sampler_loop(
                 continue
             # to the buffer's device (a no-op put costs ~0.15 ms per chunk: skip it on one device)
             chunk = trajectory if same_device else jax.device_put(trajectory, shared.buffer_device)
-            t0 = time.perf_counter()
             stats.enter("put")
             fresh = None if tcfg.barrier else _still_fresh(store, version, config.lag.max_lag, tcfg.effective_chunks_per_batch)
             refused = []
             admit = None if fresh is None else (lambda resident, waiting: fresh(resident, waiting) or refused.append(1))
             while not stop.is_set():
-                if buffer.put(chunk, timeout=POLL_S, tag=(sampler_id, made - shared.start, version), admit=admit):
+                if buffer.put(chunk, timeout=POLL_S, tag=(sampler_id, made - shared.start, version), admit=admit,
+                              timings=stats.put_timings):
                     stats.produced += chunk_size
                     made_with = version
                     break
@@ -293,7 +300,6 @@ def sampler_loop(
                     # refresh, counted) rather than put it in to be dropped by the learner.
                     snapshot, version, last_refresh = _force_refresh(stats, store, snapshot, version, device, chunk_size)
                     break
-            stats.wait_buffer_s += time.perf_counter() - t0
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
         _record_failure(shared, f"sampler-{sampler_id}", exc)
 
@@ -385,7 +391,9 @@ def learner_row(
         sampler_steps_per_second=[s.produced / max(elapsed, 1e-9) for s in sampler_stats],
         sampler_rollout_s=[s.rollout_s for s in sampler_stats],
         sampler_wait_params_s=[s.wait_params_s for s in sampler_stats],
-        sampler_wait_buffer_s=[s.wait_buffer_s for s in sampler_stats],
+        sampler_wait_buffer_s=[s.wait_buffer_s for s in sampler_stats],  # = lock + space + write
+        sampler_wait_space_s=[s.put_timings["space_s"] for s in sampler_stats],
+        sampler_write_s=[s.put_timings["write_s"] for s in sampler_stats],
         sampler_latency_s=[s.latency_s for s in sampler_stats],
         sampler_forced_refreshes=[s.forced_refreshes for s in sampler_stats],
     )
