@@ -291,8 +291,10 @@ class LagConfig:
     """straggler: slow samplers refresh this many times less often."""
     replay_path: str | None = None
     """replay: path of a version schedule (JSONL or CSV) recorded by a threaded run."""
-    num_samplers: int = 1
-    """Emulated samplers, each with its own envs and env seeds; batches are consumed round-robin."""
+    num_samplers: int | None = None
+    """Emulated samplers, each with its own envs and env seeds; batches are consumed round-robin.
+    None: 1, or with schedule='replay' the samplers the replayed file names (its largest
+    sampler_id + 1); see `ppo_async.lag.num_samplers_of`."""
     max_lag: int | None = None
     """Stale filter: samples whose lag exceeds this are dropped at consumption (and counted); None keeps all."""
     seed: int = 0
@@ -315,28 +317,22 @@ class LagConfig:
         _check_unit_interval("lag.p", self.p)
         _check_unit_interval("lag.fraction", self.fraction)
         _check_int("lag.slowdown", self.slowdown, 1)
-        _check_int("lag.num_samplers", self.num_samplers, 1)
+        if self.num_samplers is not None:
+            _check_int("lag.num_samplers", self.num_samplers, 1)
         _check_int("lag.seed", self.seed, 0)
         if self.max_lag is not None:
             _check_int("lag.max_lag", self.max_lag, 0)
         if self.schedule == "per_sampler":
             if not self.per_sampler:
                 _fail("lag.per_sampler", self.per_sampler, "must list one lag per sampler for schedule='per_sampler'")
-            if self.num_samplers not in (1, len(self.per_sampler)):
+            if self.num_samplers not in (None, 1, len(self.per_sampler)):
                 _fail(
                     "lag.num_samplers",
                     self.num_samplers,
-                    f"must equal len(lag.per_sampler) = {len(self.per_sampler)} (or be left at 1)",
+                    f"must equal len(lag.per_sampler) = {len(self.per_sampler)} (or be left unset)",
                 )
         if self.schedule == "replay" and not self.replay_path:
             _fail("lag.replay_path", self.replay_path, "must name a schedule file for schedule='replay'")
-
-    @property
-    def effective_num_samplers(self) -> int:
-        """Samplers emulated (per_sampler's length when that schedule is used)."""
-        if self.schedule == "per_sampler":
-            return len(self.per_sampler)
-        return self.num_samplers
 
 
 DEFAULT_BUFFER_CHUNKS = 4
@@ -582,7 +578,7 @@ def check_fields_apply(config: "Config") -> None:
     """
     lag, default_lag = config.lag, LagConfig()
     for name in _changed(lag, default_lag):
-        if name in LAG_FILTER_FIELDS:
+        if name in LAG_FILTER_FIELDS or (name == "num_samplers" and lag.num_samplers == 1):  # 1 = the default's meaning
             continue
         if config.mode != "simulated":
             _inert(f"lag.{name}", getattr(lag, name),

@@ -18,6 +18,7 @@ Replay uses `sampler_id` and `lag`.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -72,6 +73,36 @@ def straggler_lags(num_iterations: int, num_samplers: int, fraction: float, slow
     return lags
 
 
+def num_samplers_of(lag: LagConfig) -> int:
+    """Samplers a simulated run emulates: `lag.num_samplers` when set; otherwise
+    len(per_sampler) (schedule 'per_sampler'), the samplers the replayed file names (its
+    largest sampler_id + 1; schedule 'replay'), or 1.
+
+    Raises:
+      ConfigError: (replay) the file is missing or malformed (`read_schedule`).
+    """
+    if lag.schedule == "per_sampler":
+        return len(lag.per_sampler)
+    if lag.num_samplers is not None:
+        return lag.num_samplers
+    if lag.schedule == "replay":
+        return int(_read_schedule_cached(*_file_key(lag.replay_path)).sampler_id.max(initial=0)) + 1
+    return 1
+
+
+def _file_key(path: str | os.PathLike | None) -> tuple[str | None, float, int]:
+    """(path, mtime, size): a cache key that changes when the file does."""
+    if path is None or not os.path.isfile(path):
+        return (None if path is None else os.fspath(path), 0.0, -1)
+    stat = os.stat(path)
+    return os.fspath(path), stat.st_mtime, stat.st_size
+
+
+@functools.lru_cache(maxsize=8)
+def _read_schedule_cached(path: str | None, _mtime: float, _size: int) -> LagSchedule:
+    return read_schedule(path)
+
+
 def make_schedule(lag: LagConfig, num_iterations: int) -> LagSchedule:
     """The lag schedule of a config for `num_iterations` learner iterations.
 
@@ -79,7 +110,7 @@ def make_schedule(lag: LagConfig, num_iterations: int) -> LagSchedule:
       ConfigError: a replay file that is missing, malformed, too short for the run, or names
         more samplers than `lag.num_samplers`.
     """
-    num_samplers = lag.effective_num_samplers
+    num_samplers = num_samplers_of(lag)
     samplers = round_robin(num_iterations, num_samplers)
     rng = np.random.default_rng(lag.seed)
     if lag.schedule == "fixed":
@@ -93,7 +124,7 @@ def make_schedule(lag: LagConfig, num_iterations: int) -> LagSchedule:
     elif lag.schedule == "straggler":
         lags = straggler_lags(num_iterations, num_samplers, lag.fraction, lag.slowdown)
     elif lag.schedule == "replay":
-        replayed = read_schedule(lag.replay_path)
+        replayed = _read_schedule_cached(*_file_key(lag.replay_path))
         if len(replayed.lag) < num_iterations:
             raise ConfigError(
                 f"lag.replay_path = {lag.replay_path!r} holds {len(replayed.lag)} consumed batches but the run "
@@ -105,7 +136,7 @@ def make_schedule(lag: LagConfig, num_iterations: int) -> LagSchedule:
                 f"lag.num_samplers = {num_samplers} is invalid: the replayed schedule names sampler "
                 f"{int(replayed.sampler_id.max())}; set lag.num_samplers >= {int(replayed.sampler_id.max()) + 1}"
             )
-        return LagSchedule(replayed.sampler_id[:num_iterations], replayed.lag[:num_iterations])
+        return LagSchedule(replayed.sampler_id[:num_iterations].copy(), replayed.lag[:num_iterations].copy())
     else:  # LagConfig validates the name
         raise ConfigError(f"lag.schedule = {lag.schedule!r} is not supported")
     return LagSchedule(samplers, lags)

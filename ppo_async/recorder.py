@@ -103,13 +103,10 @@ def wandb_row(rows: Sequence[Mapping[str, Any]], label_keys: set[str]) -> dict[s
     return out
 
 
-def open_wandb(config: Config) -> Any:
-    """A Weights & Biases run when `config.wandb_project` is set, else None.
-
-    W&B is optional: when asked for without the package installed this raises ConfigError
-    (naming the field) rather than running without the logging the user asked for. The run
-    is named after the run directory and carries the whole config.
-    """
+def import_wandb(config: Config) -> Any:
+    """The wandb module when `config.wandb_project` is set, else None; ConfigError (naming the
+    field) when it is set and the package is not installed. Cheap: `train()` calls it before
+    compiling, so a missing package is reported at once."""
     if config.wandb_project is None:
         return None
     try:
@@ -119,6 +116,19 @@ def open_wandb(config: Config) -> Any:
             f"wandb_project = {config.wandb_project!r} needs the wandb package: pip install wandb "
             "(or leave wandb_project unset)"
         ) from None
+    return wandb
+
+
+def open_wandb(config: Config) -> Any:
+    """A Weights & Biases run when `config.wandb_project` is set, else None.
+
+    W&B is optional: when asked for without the package installed this raises ConfigError
+    (naming the field) rather than running without the logging the user asked for. The run
+    is named after the run directory and carries the whole config.
+    """
+    wandb = import_wandb(config)
+    if wandb is None:
+        return None
     name = os.path.basename(os.path.normpath(config.run_dir)) if config.run_dir else None
     return wandb.init(project=config.wandb_project, name=name, config=config_to_dict(config), dir=config.run_dir)
 

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import Config, ConfigError, LagConfig, config_from_dict, config_to_dict, get_path, replace_paths
-from ppo_async.lag import make_schedule
+from ppo_async.lag import make_schedule, num_samplers_of
 from ppo_async.learner import TRACED_CONFIG_FIELDS, hyperparams_from_config
 from ppo_async.modes.common import over_seeds, run_iterations
 from ppo_async.modes.simulated import make_simulated_program, schedule_arrays
@@ -111,7 +111,7 @@ def static_key(config: Config) -> Config:
     if config.ppo.value_clip_eps is not None:  # on/off is static, the value is traced
         key = _replace_field(key, "ppo.value_clip_eps", 0.2)
     # Every schedule field is traced (schedule arrays) but the number of samplers.
-    return dataclasses.replace(key, lag=LagConfig(num_samplers=config.lag.effective_num_samplers), seed=0)
+    return dataclasses.replace(key, lag=LagConfig(num_samplers=num_samplers_of(config.lag)), seed=0)
 
 
 def _replace_field(config: Config, path: str, value: Any) -> Config:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import ppo_async.modes  # noqa: F401  (registers every mode)
 from ppo_async.config import Config, ConfigError
 from ppo_async.policy import Policy, check_seed_index
-from ppo_async.recorder import RunRecorder
+from ppo_async.recorder import RunRecorder, import_wandb
 from ppo_async.registry import get_mode
 from ppo_async.result import TrainResult
 from ppo_async.rundir import check_can_start, read_run_config, restore_checkpoint
@@ -50,6 +50,7 @@ def train(
     if resume and config.run_dir is None:
         raise ConfigError("resume=True needs config.run_dir (the run to continue)")
     check_can_start(config, resume)  # before anything is compiled
+    import_wandb(config)  # likewise: a missing optional package is reported at once
     labels = [{"seed": config.seed + i} for i in range(config.num_seeds)]
     recorder = RunRecorder(config, labels, progress=progress, on_iteration=on_iteration)
     try:

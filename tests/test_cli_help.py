@@ -129,3 +129,23 @@ def test_corrupted_checkpoint_is_one_line(run_cli, checkpointed, tmp_path):
     # every file of the latest checkpoint (its metadata too): resume
     everything = corrupt_copy(checkpointed, tmp_path / "all", r".")
     assert_one_clear_line(run_cli(["train", "--resume", str(tmp_path / "all"), "--quiet"]), everything, "metadata")
+
+
+def test_progress_bar_keeps_the_last_known_return():
+    """Pendulum finishes an episode every 200 steps: rows without one keep showing the last return."""
+    from ppo_async.metrics import Progress
+
+    progress = Progress(total_env_steps=3000, enabled=True)
+    try:
+        progress.update(1000, {"steps_per_second": 5000.0, "episode_return": -1234.5, "approx_kl": 0.01})
+        assert "return=-1234.5" in progress._bar.postfix
+        progress.update(2000, {"steps_per_second": 5000.0, "episode_return": None, "approx_kl": 0.02})
+        assert "return=-1234.5" in progress._bar.postfix and "kl=0.0200" in progress._bar.postfix
+        progress.update(3000, {"steps_per_second": 5000.0, "episode_return": -900.0, "approx_kl": 0.02})
+        assert "return=-900.0" in progress._bar.postfix
+    finally:
+        progress.close()
+    fresh = Progress(total_env_steps=10, enabled=True)  # no episode finished yet: a dash
+    fresh.update(5, {"episode_return": None})
+    assert "return=-," in fresh._bar.postfix
+    fresh.close()

@@ -18,6 +18,7 @@ from ppo_async.lag import (
     LagSchedule,
     make_schedule,
     must_force_refresh,
+    num_samplers_of,
     read_schedule,
     schedule_record,
     should_refresh,
@@ -48,12 +49,12 @@ def test_fixed_schedule_with_several_samplers_is_round_robin():
 
 def test_per_sampler_schedule_round_robin():
     config = pa.LagConfig(schedule="per_sampler", per_sampler=(0, 2, 5))
-    assert config.effective_num_samplers == 3
+    assert num_samplers_of(config) == 3
     sched = make_schedule(config, 9)
     np.testing.assert_array_equal(sched.sampler_id, [0, 1, 2, 0, 1, 2, 0, 1, 2])
     np.testing.assert_array_equal(sched.lag, [0, 2, 5, 0, 2, 5, 0, 2, 5])
     assert sched.ring_size == 6
-    # num_samplers must agree with the list (or be left at 1)
+    # num_samplers must agree with the list (or be left unset / at 1)
     with pytest.raises(pa.ConfigError, match="lag.num_samplers"):
         pa.LagConfig(schedule="per_sampler", per_sampler=(0, 2, 5), num_samplers=2)
     with pytest.raises(pa.ConfigError, match="lag.per_sampler"):
@@ -240,6 +241,16 @@ def test_make_schedule_replay_errors(tmp_path):
         make_schedule(pa.LagConfig(schedule="replay", replay_path=str(path), num_samplers=2), 8)
     with pytest.raises(pa.ConfigError, match="no such file"):
         make_schedule(pa.LagConfig(schedule="replay", replay_path=str(tmp_path / "nope.jsonl")), 8)
+    with pytest.raises(pa.ConfigError, match="no such file"):
+        num_samplers_of(pa.LagConfig(schedule="replay", replay_path=str(tmp_path / "nope.jsonl")))
+    # lag.num_samplers left unset: the file's samplers (largest sampler_id + 1), re-read when the file changes
+    unset = pa.LagConfig(schedule="replay", replay_path=str(path))
+    assert unset.num_samplers is None and num_samplers_of(unset) == 3 == max(REPLAY_SAMPLERS) + 1
+    np.testing.assert_array_equal(make_schedule(unset, 8).sampler_id, REPLAY_SAMPLERS)
+    write_schedule(path, [dict(r, sampler_id=5) if i == 0 else r for i, r in enumerate(replay_records())] + [
+        {"iteration": 9, "sampler_id": 0, "lag": 0}])
+    assert num_samplers_of(unset) == 6
+    assert num_samplers_of(pa.LagConfig(num_samplers=4)) == 4 and num_samplers_of(pa.LagConfig()) == 1
     with pytest.raises(pa.ConfigError, match="lag.replay_path"):
         pa.LagConfig(schedule="replay")
 
@@ -261,7 +272,7 @@ def test_replayed_schedule_is_consumed_exactly(tmp_path):
         mode="simulated",
         seed=2,
         run_dir=str(run_dir),
-        lag=pa.LagConfig(schedule="replay", replay_path=str(path), num_samplers=3),
+        lag=pa.LagConfig(schedule="replay", replay_path=str(path)),  # 3 samplers, read from the file
         **TINY,
     )
     rows = pa.train(config).metrics

@@ -25,7 +25,7 @@ import numpy as np
 
 from ppo_async import envs, learner
 from ppo_async.config import Config
-from ppo_async.lag import LagSchedule, make_schedule
+from ppo_async.lag import LagSchedule, make_schedule, num_samplers_of
 from ppo_async.learner import Hyperparams, LearnerContext, hyperparams_from_config
 from ppo_async.modes.common import (
     JittedProgram,
@@ -138,7 +138,7 @@ def make_simulated_program(config: Config, ring_size: int, lag_buckets: int | No
 
     `lag_buckets` (default ring_size) is the length of the lag histogram / per-lag breakdown.
     """
-    num_samplers = config.lag.effective_num_samplers
+    num_samplers = num_samplers_of(config.lag)
     _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets or ring_size)
     return SimulatedProgram(
         rollout_ctx=rollout_ctx,
