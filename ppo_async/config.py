@@ -18,6 +18,7 @@ from typing import Any, Literal, Mapping
 
 MODES = ("sync", "simulated", "threaded")
 LAG_SCHEDULES = ("fixed", "per_sampler", "uniform", "geometric", "straggler", "replay")
+OBJECTIVES = ("ppo", "decoupled")
 ADVANTAGE_ESTIMATORS = ("gae", "vtrace")
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu")
 
@@ -186,6 +187,12 @@ class PPOConfig:
     """V-trace truncation of the trace-cutting weights (vtrace only)."""
     value_update_every: int = 1
     """Update the value network only every k-th learner iteration (1 = always)."""
+    objective: Literal["ppo", "decoupled"] = "ppo"
+    """ppo: clip the ratio pi / mu to the behaviour policy; decoupled: clip pi / pi_prox to a proximal policy and weight by min(pi_prox / mu, is_clip) (Hilton et al. 2021). Traced: one compile serves both."""
+    is_clip: float | None = 2.0
+    """decoupled: truncation of the importance weight pi_prox / mu (>= 1; None = untruncated)."""
+    prox_ewma: float | None = None
+    """decoupled: pi_prox is an exponential moving average of the learner's params with this decay per SGD step, in [0, 1) (Hilton et al.'s PPO-EWMA); None = the learner at the start of the iteration."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "ppo.")
@@ -218,6 +225,15 @@ class PPOConfig:
         _check_positive("ppo.rho_bar", self.rho_bar)
         _check_positive("ppo.c_bar", self.c_bar)
         _check_int("ppo.value_update_every", self.value_update_every, 1)
+        if self.objective not in OBJECTIVES:
+            _fail("ppo.objective", self.objective, f"must be one of {OBJECTIVES}")
+        if self.is_clip is not None:
+            _check_positive("ppo.is_clip", self.is_clip)
+            if not self.is_clip >= 1.0:
+                _fail("ppo.is_clip", self.is_clip, "must be None or a number >= 1 (a weight pi_prox / mu truncated below 1 would down-weight on-policy samples)")
+        if self.prox_ewma is not None:
+            if not (isinstance(self.prox_ewma, (int, float)) and 0.0 <= self.prox_ewma < 1.0):
+                _fail("ppo.prox_ewma", self.prox_ewma, "must be None or a decay in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -573,7 +589,8 @@ def check_fields_apply(config: "Config") -> None:
     lag 0. The rules: lag-schedule fields need mode='simulated' (`lag.max_lag`, the stale
     filter, acts in every mode) and, within it, the schedule that reads them; `threaded.*`
     fields need mode='threaded' (`threaded.latency_jitter` also needs a latency);
-    `ppo.rho_bar` / `ppo.c_bar` need advantage_estimator='vtrace'; checkpoint_every,
+    `ppo.rho_bar` / `ppo.c_bar` need advantage_estimator='vtrace'; `ppo.is_clip` /
+    `ppo.prox_ewma` need objective='decoupled'; checkpoint_every,
     keep_checkpoints and overwrite need a run_dir.
     """
     lag, default_lag = config.lag, LagConfig()
@@ -600,6 +617,11 @@ def check_fields_apply(config: "Config") -> None:
             if getattr(config.ppo, name) != getattr(PPOConfig(), name):
                 _inert(f"ppo.{name}", getattr(config.ppo, name),
                        f"V-trace truncations act only with ppo.advantage_estimator = 'vtrace' (not {config.ppo.advantage_estimator!r})")
+    if config.ppo.objective != "decoupled":
+        for name in ("is_clip", "prox_ewma"):
+            if getattr(config.ppo, name) != getattr(PPOConfig(), name):
+                _inert(f"ppo.{name}", getattr(config.ppo, name),
+                       f"the proximal policy acts only with ppo.objective = 'decoupled' (not {config.ppo.objective!r})")
     if config.eval_every == 0 and config.eval_episodes != type(config).__dataclass_fields__["eval_episodes"].default:
         _inert("eval_episodes", config.eval_episodes, "evaluation is off (eval_every = 0)")
     if config.run_dir is None:

@@ -51,6 +51,9 @@ class Hyperparams(NamedTuple):
     c_bar: chex.Array
     value_update_every: chex.Array  # the critic is updated when version % k == 0
     max_lag: chex.Array  # stale filter: samples with lag > max_lag get weight 0 (inf = off)
+    decoupled: chex.Array  # 1.0: decoupled objective (clip to pi_prox), 0.0: PPO (clip to mu)
+    is_clip: chex.Array  # truncation of pi_prox / mu (inf = off)
+    prox_ewma: chex.Array  # EWMA decay of the proximal params (used when LearnerContext.use_prox_ewma)
 
 
 # The one list of traced hyperparameters: each `Hyperparams` field and the config field it
@@ -70,9 +73,16 @@ TRACED_CONFIG_FIELDS: dict[str, str] = {
     "c_bar": "ppo.c_bar",
     "value_update_every": "ppo.value_update_every",
     "max_lag": "lag.max_lag",
+    "decoupled": "ppo.objective",
+    "is_clip": "ppo.is_clip",
+    "prox_ewma": "ppo.prox_ewma",
 }
 # What a None config value stands for, as a traced number.
-_NONE_AS = {"dual_clip": math.inf, "value_clip_eps": 0.2, "max_lag": math.inf}
+_NONE_AS = {"dual_clip": math.inf, "value_clip_eps": 0.2, "max_lag": math.inf, "is_clip": math.inf, "prox_ewma": 0.0}
+# Traced fields whose config value is not a number: how it becomes one.
+_AS_NUMBER = {"decoupled": lambda objective: float(objective == "decoupled")}
+# Traced fields whose None / not-None is static (it switches a code path) while the value is traced.
+STATIC_WHEN_SET = ("ppo.value_clip_eps", "ppo.prox_ewma")
 
 
 def hyperparams_from_config(config: Config) -> Hyperparams:
@@ -80,8 +90,22 @@ def hyperparams_from_config(config: Config) -> Hyperparams:
     values = {}
     for name, path in TRACED_CONFIG_FIELDS.items():
         value = get_path(config, path)
-        values[name] = jnp.asarray(_NONE_AS[name] if value is None else value, jnp.float32)
+        value = _NONE_AS[name] if value is None else _AS_NUMBER.get(name, float)(value)
+        values[name] = jnp.asarray(value, jnp.float32)
     return Hyperparams(**values)
+
+
+def without_traced_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """A config as a dict (`config_to_dict`) without the traced hyperparameters: what decides
+    the compiled program (for a `STATIC_WHEN_SET` field, only whether it is set is kept)."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for path in TRACED_CONFIG_FIELDS.values():
+        section, _, name = path.partition(".")
+        if section in data and name in data[section]:
+            value = data[section].pop(name)
+            if path in STATIC_WHEN_SET:
+                data[section][f"{name}_is_set"] = value is not None
+    return data
 
 
 @dataclass(frozen=True)
@@ -100,6 +124,7 @@ class LearnerContext:
     advantage_estimator: str = "gae"  # "gae" | "vtrace"
     lag_buckets: int = 1  # lags 0..lag_buckets-1 get their own KL / clip-fraction bucket; the last also holds larger lags
     axis_name: str | None = None  # data-parallel axis (pmap / shard_map) or None
+    use_prox_ewma: bool = False  # the train state carries EWMA proximal params (ppo.prox_ewma set)
 
     def optimizer(self) -> optax.GradientTransformationExtraArgs:
         """The optimiser: see `make_optimizer`."""
@@ -124,6 +149,7 @@ def make_learner_context(
         advantage_estimator=ppo.advantage_estimator,
         lag_buckets=lag_buckets,
         axis_name=axis_name,
+        use_prox_ewma=ppo.prox_ewma is not None,
     )
 
 
@@ -137,6 +163,7 @@ def init_train_state(ctx: LearnerContext, key: chex.PRNGKey, obs_shape: tuple[in
         version=jnp.zeros((), jnp.int32),
         sgd_steps=jnp.zeros((), jnp.int32),
         env_steps=jnp.zeros((), jnp.int32),
+        prox_params=jax.tree.map(jnp.copy, params) if ctx.use_prox_ewma else None,
     )
 
 
@@ -154,6 +181,7 @@ class Batch(NamedTuple):
     obs: chex.Array
     action: chex.Array
     behavior_log_prob: chex.Array
+    prox_log_prob: chex.Array  # log pi_prox(a|s): the learner at the start of the iteration (or its EWMA, per step)
     old_value: chex.Array  # V(s) under the params at the start of the iteration
     advantage: chex.Array
     target: chex.Array  # value target (GAE or V-trace)
@@ -197,13 +225,14 @@ def compute_targets(
     tr = trajectory.transitions
     apply = ctx.network.apply
     dist, values = apply(params, tr.obs)  # [T, N]
+    learner_log_prob = networks.log_prob(dist, tr.action)  # the proximal policy at the start of the iteration
     _, last_value = apply(params, trajectory.last_obs)  # [N]
     _, final_values = apply(params, tr.final_obs)  # [T, N]
     truncated = tr.truncated.astype(jnp.float32)
     rewards = tr.reward * hparams.reward_scale + hparams.gamma * truncated * final_values
     dones = jnp.logical_or(tr.terminated, tr.truncated).astype(jnp.float32)
     if ctx.advantage_estimator == "vtrace":
-        log_rho = networks.log_prob(dist, tr.action) - tr.behavior_log_prob
+        log_rho = learner_log_prob - tr.behavior_log_prob
         advantages, returns = losses.vtrace_advantages(
             rewards, values, dones, last_value, log_rho, hparams.gamma, hparams.gae_lambda,
             hparams.rho_bar, hparams.c_bar,
@@ -217,6 +246,7 @@ def compute_targets(
             obs=flat(tr.obs),
             action=flat(tr.action),
             behavior_log_prob=flat(tr.behavior_log_prob),
+            prox_log_prob=flat(learner_log_prob),
             old_value=flat(values),
             advantage=flat(advantages),
             target=flat(returns),
@@ -231,12 +261,16 @@ def ppo_loss(
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
     """Total loss of one minibatch `[b]`, its terms and what the diagnostics need.
 
-    loss = dual_clip_ppo_loss + value_flag * vf_coef * value_loss - ent_coef * entropy
-    (Schulman et al. 2017; Ye et al. 2020; `dual_clip = inf` is plain PPO clipping).
-    Samples with weight 0 (stale) take no part. The aux dict holds the three loss terms
-    (scalars) and, per sample `[b]`, the log-probabilities under the params of this step and
-    the (normalised) advantages the objective used: `minibatch_diagnostics` turns them into
-    the KL / ratio / per-lag metrics once per iteration for all minibatches together.
+    loss = policy_loss + value_flag * vf_coef * value_loss - ent_coef * entropy, where
+    policy_loss is `losses.decoupled_ppo_loss` with the anchor of the clip
+    `anchor_log_prob(batch, hparams)`: the behaviour policy (`decoupled = 0`: then the weight
+    pi_anchor / mu is exactly 1 and this is the dual-clip PPO loss, Schulman et al. 2017; Ye et
+    al. 2020; `dual_clip = inf` is plain PPO clipping) or the proximal policy (`decoupled = 1`,
+    Hilton et al. 2021). Samples with weight 0 (stale) take no part. The aux dict holds the
+    three loss terms (scalars) and, per sample `[b]`, the log-probabilities under the params
+    of this step, the anchor's, and the (normalised) advantages the objective used:
+    `minibatch_diagnostics` turns them into the KL / ratio / per-lag metrics once per
+    iteration for all minibatches together.
     """
     dist, values = ctx.network.apply(params, batch.obs)
     log_prob = networks.log_prob(dist, batch.action)
@@ -244,8 +278,9 @@ def ppo_loss(
     advantages = batch.advantage
     if ctx.normalize_advantages:
         advantages = losses.normalize_advantages(advantages, mask, axis_name=ctx.axis_name)
-    policy_loss = losses.dual_clip_ppo_loss(
-        log_prob, batch.behavior_log_prob, advantages, hparams.clip_eps, hparams.dual_clip, mask
+    anchor = anchor_log_prob(batch, hparams)
+    policy_loss = losses.decoupled_ppo_loss(
+        log_prob, anchor, batch.behavior_log_prob, advantages, hparams.clip_eps, hparams.dual_clip, hparams.is_clip, mask
     )
     value_loss = losses.value_loss(
         values,
@@ -261,15 +296,23 @@ def ppo_loss(
         "value_loss": value_loss,
         "entropy": entropy,
         "log_prob": jax.lax.stop_gradient(log_prob),
+        "anchor_log_prob": anchor,
         "advantage": jax.lax.stop_gradient(advantages),
     }
     return loss, aux
+
+
+def anchor_log_prob(batch: Batch, hparams: Hyperparams) -> chex.Array:
+    """`[b]` log-probability the objective clips the ratio to: the behaviour policy's (PPO) or,
+    with `hparams.decoupled = 1`, the proximal policy's (a traced select: one compile serves both)."""
+    return jax.lax.stop_gradient(jnp.where(hparams.decoupled > 0.5, batch.prox_log_prob, batch.behavior_log_prob))
 
 
 def minibatch_diagnostics(
     ctx: LearnerContext,
     hparams: Hyperparams,
     log_prob: chex.Array,
+    anchor: chex.Array,
     behavior_log_prob: chex.Array,
     advantage: chex.Array,
     weight: chex.Array,
@@ -278,25 +321,30 @@ def minibatch_diagnostics(
     """KL, ratio and per-lag diagnostics of every SGD step's minibatch, computed together.
 
     Inputs are `[E, M, b]` (epochs x minibatches x minibatch size): the log-probabilities
-    each step saw under its params, and that minibatch's behaviour log-probs, advantages,
-    weights and lags. Per minibatch (`[E, M]`): `approx_kl` (Schulman 2020), clip /
-    dual-clip fractions and ratio mean / std / max (`losses.ratio_stats`); summed over all
-    minibatches (`[lag_buckets]`): sample counts, KL terms and clip indicators per lag bucket.
-    One batched computation per iteration instead of many tiny ones per SGD step (on XLA:CPU
-    each small op has a fixed cost), with the same values.
+    each step saw under its params and under the objective's anchor (`anchor_log_prob`: the
+    behaviour policy for PPO, the proximal policy for decoupled PPO), and that minibatch's
+    behaviour log-probs, advantages, weights and lags. Per minibatch (`[E, M]`): `approx_kl`
+    to the behaviour policy (Schulman 2020), clip / dual-clip fractions and ratio mean / std /
+    max of the clipped ratio pi / pi_anchor (`losses.ratio_stats`), `is_clip_fraction` (share
+    of samples whose weight pi_anchor / mu is truncated at `is_clip`; 0 for PPO); summed over
+    all minibatches (`[lag_buckets]`): sample counts, KL terms and clip indicators per lag
+    bucket. One batched computation per iteration instead of many tiny ones per SGD step (on
+    XLA:CPU each small op has a fixed cost), with the same values.
     """
     per_minibatch = lambda f: jax.vmap(jax.vmap(f))  # noqa: E731  over [E, M]
     kl = per_minibatch(losses.approx_kl)(log_prob, behavior_log_prob, weight)
     stats = per_minibatch(
-        lambda lp, blp, adv, w: losses.ratio_stats(lp, blp, adv, hparams.clip_eps, hparams.dual_clip, w)
-    )(log_prob, behavior_log_prob, advantage, weight)
-    log_ratio = log_prob - behavior_log_prob
-    kl_terms = losses.approx_kl_terms(log_ratio).reshape(-1)
-    clipped = (jnp.abs(jnp.exp(log_ratio) - 1.0) > hparams.clip_eps).astype(jnp.float32).reshape(-1)
+        lambda lp, alp, adv, w: losses.ratio_stats(lp, alp, adv, hparams.clip_eps, hparams.dual_clip, w)
+    )(log_prob, anchor, advantage, weight)
+    truncated = (anchor - behavior_log_prob > jnp.log(hparams.is_clip)).astype(jnp.float32)
+    is_clip_fraction = per_minibatch(losses.masked_mean)(truncated, weight)
+    kl_terms = losses.approx_kl_terms(log_prob - behavior_log_prob).reshape(-1)
+    clipped = (jnp.abs(jnp.exp(log_prob - anchor) - 1.0) > hparams.clip_eps).astype(jnp.float32).reshape(-1)
     bucket = jax.nn.one_hot(jnp.minimum(lag, ctx.lag_buckets - 1).reshape(-1), ctx.lag_buckets) * weight.reshape(-1)[:, None]
     return {
         "approx_kl": kl,
         **stats._asdict(),
+        "is_clip_fraction": is_clip_fraction,
         "lag_count": jnp.sum(bucket, axis=0),
         "lag_kl_sum": kl_terms @ bucket,
         "lag_clip_sum": clipped @ bucket,
@@ -381,22 +429,32 @@ def sgd_step(
     ctx: LearnerContext,
     hparams: Hyperparams,
     value_flag: chex.Array,
-    carry: tuple[Any, Any],
+    carry: tuple[Any, Any, Any],
     minibatch: Batch,
-) -> tuple[tuple[Any, Any], dict[str, chex.Array]]:
-    """One clipped-gradient Adam step on a minibatch: `(params, opt_state) -> (params, opt_state)`.
+) -> tuple[tuple[Any, Any, Any], dict[str, chex.Array]]:
+    """One clipped-gradient Adam step on a minibatch:
+    `(params, opt_state, prox_params) -> (params, opt_state, prox_params)`.
 
     Data-parallel: gradients are averaged over `ctx.axis_name` before the optimiser, so every
     replica takes the same step. The optimiser state carries the iteration's step size and
-    critic freeze (`with_step_hyperparams`).
+    critic freeze (`with_step_hyperparams`). With `ctx.use_prox_ewma` the proximal policy is
+    `prox_params` (its log-probabilities replace the minibatch's `prox_log_prob`), which then
+    move towards the new params: `prox <- d * prox + (1 - d) * params`, d = `hparams.prox_ewma`
+    (PPO-EWMA, Hilton et al. 2021); otherwise `prox_params` is None.
     """
-    params, opt_state = carry
+    params, opt_state, prox_params = carry
+    if ctx.use_prox_ewma:
+        prox_dist, _ = ctx.network.apply(prox_params, minibatch.obs)
+        minibatch = minibatch._replace(prox_log_prob=jax.lax.stop_gradient(networks.log_prob(prox_dist, minibatch.action)))
     grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, ctx, minibatch, hparams, value_flag)
     if ctx.axis_name is not None:
         grads = jax.lax.pmean(grads, ctx.axis_name)
     metrics["grad_norm"] = optax.tree.norm(grads)
     updates, opt_state = ctx.optimizer().update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), metrics
+    params = optax.apply_updates(params, updates)
+    if ctx.use_prox_ewma:
+        prox_params = optax.incremental_update(params, prox_params, 1.0 - hparams.prox_ewma)
+    return (params, opt_state, prox_params), metrics
 
 
 def ppo_update(
@@ -441,12 +499,13 @@ def ppo_update(
         return carry, (out, (shuffled.behavior_log_prob, shuffled.weight, shuffled.lag))
 
     opt_state = with_step_hyperparams(state.opt_state, learning_rate, hparams.max_grad_norm, value_flag)
-    (params, opt_state), (per_step, (behavior_log_prob, weight, step_lag)) = jax.lax.scan(
-        epoch, (state.params, opt_state), jax.random.split(key, ctx.num_epochs)
+    (params, opt_state, prox_params), (per_step, (behavior_log_prob, weight, step_lag)) = jax.lax.scan(
+        epoch, (state.params, opt_state, state.prox_params), jax.random.split(key, ctx.num_epochs)
     )
-    log_prob, advantage = per_step.pop("log_prob"), per_step.pop("advantage")
-    per_step.update(minibatch_diagnostics(ctx, hparams, log_prob, behavior_log_prob, advantage, weight, step_lag))
+    log_prob, anchor, advantage = (per_step.pop(k) for k in ("log_prob", "anchor_log_prob", "advantage"))
+    per_step.update(minibatch_diagnostics(ctx, hparams, log_prob, anchor, behavior_log_prob, advantage, weight, step_lag))
     metrics = iteration_metrics(ctx, per_step, batch, lag)
+    metrics.update(ess_metrics(ctx, batch))
     metrics["learning_rate"] = learning_rate
     metrics["value_updated"] = value_flag
 
@@ -464,11 +523,26 @@ def ppo_update(
         version=state.version + 1,
         sgd_steps=state.sgd_steps + ctx.num_epochs * ctx.num_minibatches,
         env_steps=state.env_steps + consumed,
+        prox_params=prox_params,
     )
     # Nothing consumed (every sample stale): keep the old state bit for bit.
     new_state = jax.tree.map(lambda n, o: jnp.where(consumed > 0, n, o), new_state, state)
     metrics["consumed"] = consumed
     return new_state, metrics
+
+
+def ess_metrics(ctx: LearnerContext, batch: Batch) -> dict[str, chex.Array]:
+    """Effective sample size of the batch's importance weights pi_learner / mu (the learner at
+    the start of the iteration over the behaviour policy), as a fraction of the kept samples:
+    `ess_fraction` (scalar) and `ess_fraction_per_lag` (`[lag_buckets]`, NaN where no sample
+    had that lag). Staleness spreads the weights, and a falling ESS is an early sign of
+    collapse under lag. Independent of the objective."""
+    log_weight = batch.prox_log_prob - batch.behavior_log_prob
+    bucket = jnp.minimum(batch.lag, ctx.lag_buckets - 1)
+    return {
+        "ess_fraction": losses.ess_fraction(log_weight, batch.weight, axis_name=ctx.axis_name)[0],
+        "ess_fraction_per_lag": losses.ess_fraction(log_weight, batch.weight, bucket, ctx.lag_buckets, ctx.axis_name),
+    }
 
 
 def iteration_metrics(

@@ -336,6 +336,125 @@ def dual_clip_ppo_loss(
     return -masked_mean(objective, mask)
 
 
+def proximal_weight(
+    prox_log_prob: chex.Array, behavior_log_prob: chex.Array, is_clip: float | chex.Array
+) -> chex.Array:
+    """Per-sample importance weight of the proximal policy over the behaviour policy, truncated
+    and treated as a constant: `w = min(pi_prox / mu, is_clip)` (Hilton et al. 2021).
+
+    Args: `[...]` log-probabilities of equal shape; `is_clip` >= 1 a scalar (inf = untruncated).
+    Returns: `[...]` weights, no gradient.
+    """
+    chex.assert_equal_shape([prox_log_prob, behavior_log_prob])
+    ratio = jnp.exp(jnp.minimum(prox_log_prob - behavior_log_prob, _LOG_RATIO_MAX))
+    return jax.lax.stop_gradient(jnp.minimum(ratio, is_clip))
+
+
+def decoupled_ppo_objective(
+    log_prob: chex.Array,
+    prox_log_prob: chex.Array,
+    behavior_log_prob: chex.Array,
+    advantages: chex.Array,
+    clip_eps: float | chex.Array,
+    dual_clip: float | chex.Array,
+    is_clip: float | chex.Array,
+) -> chex.Array:
+    """Per-sample decoupled PPO objective (Hilton, Cobbe & Schulman 2021, "Batch size-invariance
+    for policy optimization", arXiv:2110.00641, eq. 2), to maximise.
+
+    w * min(r A, clip(r, 1 - eps, 1 + eps) A),  r = pi_theta / pi_prox,  w = min(pi_prox / mu, is_clip)
+
+    The behaviour policy mu (which produced the sample) only importance-weights it; the clip
+    keeps the update close to the proximal policy pi_prox (e.g. the learner at the start of
+    the iteration, or an EWMA of its params). With a dual clip c < inf the clipped term is the
+    dual-clip objective of r (Ye et al. 2020) where A < 0. With pi_prox == mu, w = 1 and this is
+    exactly `dual_clip_ppo_objective(log_prob, behavior_log_prob, ...)` (PPO).
+
+    Args: `[...]` arrays of equal shape (`prox_log_prob` and `behavior_log_prob` are constants);
+      scalars `clip_eps` in (0, 1), `dual_clip` > 1 (inf = off), `is_clip` >= 1 (inf = untruncated).
+    Returns: `[...]` per-sample objective.
+    """
+    weight = proximal_weight(prox_log_prob, behavior_log_prob, is_clip)
+    return weight * dual_clip_ppo_objective(log_prob, prox_log_prob, advantages, clip_eps, dual_clip)
+
+
+def decoupled_ppo_loss(
+    log_prob: chex.Array,
+    prox_log_prob: chex.Array,
+    behavior_log_prob: chex.Array,
+    advantages: chex.Array,
+    clip_eps: float | chex.Array,
+    dual_clip: float | chex.Array,
+    is_clip: float | chex.Array,
+    mask: chex.Array | None = None,
+) -> chex.Array:
+    """Decoupled PPO policy loss (Hilton et al. 2021, arXiv:2110.00641), a scalar to minimise.
+
+    L = -mean(w * min(r A, clip(r, 1-eps, 1+eps) A)),  r = pi_theta / pi_prox,  w = min(pi_prox / mu, is_clip)
+    (`decoupled_ppo_objective`; the dual clip applies where A < 0 when `dual_clip` < inf).
+    The same surrogate with bounded staleness is AReaL's (Fu et al. 2025, arXiv:2505.24298).
+
+    Args:
+      log_prob: `[...]` log pi_theta(a|s) (differentiated).
+      prox_log_prob: `[...]` log pi_prox(a|s) (a constant).
+      behavior_log_prob: `[...]` log mu(a|s), the stored behaviour log-probability.
+      advantages: `[...]` advantage estimates (constants).
+      clip_eps, dual_clip, is_clip: scalars, see `decoupled_ppo_objective`.
+      mask: optional `[...]` 0/1 sample weights; mean over kept samples.
+
+    Returns:
+      scalar loss.
+    """
+    objective = decoupled_ppo_objective(
+        log_prob, prox_log_prob, behavior_log_prob, advantages, clip_eps, dual_clip, is_clip
+    )
+    return -masked_mean(objective, mask)
+
+
+def ess_fraction(
+    log_weight: chex.Array,
+    mask: chex.Array | None = None,
+    segment_ids: chex.Array | None = None,
+    num_segments: int = 1,
+    axis_name: str | None = None,
+) -> chex.Array:
+    """Effective sample size of importance weights as a fraction of the sample count, per segment.
+
+    ESS / n = (sum w)^2 / (n * sum w^2) with w = exp(log_weight) (Kong 1992; Elvira et al. 2022,
+    "Rethinking the effective sample size"): 1 when every weight is equal, 1/n when one sample
+    carries all the weight. It is scale-invariant, so each segment's weights are divided by its
+    largest before squaring (no overflow for stale samples with huge ratios).
+
+    Args:
+      log_weight: `[B]` log importance weights, e.g. log pi_learner - log mu.
+      mask: optional `[B]` 0/1: samples that take part (e.g. not dropped as stale).
+      segment_ids: optional `[B]` int32 in [0, num_segments) (e.g. a lag bucket); None = one segment.
+      num_segments: static number of segments.
+      axis_name: data-parallel axis: sums (and the per-segment maximum) over its devices.
+
+    Returns:
+      `[num_segments]` fractions in (0, 1]; NaN for a segment without samples.
+    """
+    log_weight = log_weight.reshape(-1)
+    keep = jnp.ones_like(log_weight) if mask is None else mask.reshape(-1).astype(log_weight.dtype)
+    segment = jnp.zeros(log_weight.shape, jnp.int32) if segment_ids is None else segment_ids.reshape(-1)
+    masked_log = jnp.where(keep > 0, log_weight, -jnp.inf)
+    top = jax.ops.segment_max(masked_log, segment, num_segments=num_segments)
+    if axis_name is not None:
+        top = jax.lax.pmax(top, axis_name)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    w = jnp.exp(jnp.minimum(masked_log - top[segment], 0.0)) * keep  # in [0, 1], exactly 1 at the maximum
+    sums = jnp.stack([
+        jax.ops.segment_sum(keep, segment, num_segments=num_segments),
+        jax.ops.segment_sum(w, segment, num_segments=num_segments),
+        jax.ops.segment_sum(w * w, segment, num_segments=num_segments),
+    ])
+    if axis_name is not None:
+        sums = jax.lax.psum(sums, axis_name)
+    count, s1, s2 = sums
+    return jnp.where(count > 0, jnp.square(s1) / jnp.maximum(count * s2, 1e-30), jnp.nan)
+
+
 def value_loss(
     values: chex.Array,
     returns: chex.Array,

@@ -11,10 +11,11 @@ Every grid key is a dotted config path; the grid is the cartesian product. Runs 
 simulated mode (one sampler, lag 0 is bit-for-bit sync PPO). Fields that do not change
 array shapes — every `Hyperparams` field (learning rate, gamma, gae_lambda, clip_eps,
 dual_clip incl. None, value/entropy coefficients, grad clip, reward scale, V-trace
-truncations, value-update cadence, max_lag) and every lag-schedule field but the number of
-samplers — are traced inputs, so **one compile serves all of them**. Other fields (env,
-network, num_envs, num_steps, epochs, minibatches, num_samplers, advantage_estimator,
-value clipping on/off, total_env_steps, ...) split the grid into groups compiled once each.
+truncations, value-update cadence, max_lag, the objective "ppo" / "decoupled", is_clip,
+the prox_ewma decay) and every lag-schedule field but the number of samplers — are traced
+inputs, so **one compile serves all of them**. Other fields (env, network, num_envs,
+num_steps, epochs, minibatches, num_samplers, advantage_estimator, value clipping on/off,
+prox_ewma on/off, total_env_steps, ...) split the grid into groups compiled once each.
 The lag ring of a group is sized for its largest lag.
 
 `vmap` runs all configs x seeds of a group as one batched program; `loop` calls one compiled
@@ -38,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.config import Config, ConfigError, LagConfig, config_from_dict, config_to_dict, get_path, replace_paths
+from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
 from ppo_async.lag import make_schedule, num_samplers_of
-from ppo_async.learner import TRACED_CONFIG_FIELDS, hyperparams_from_config
+from ppo_async.learner import hyperparams_from_config, without_traced_fields
 from ppo_async.modes.common import over_seeds, run_iterations
 from ppo_async.modes.simulated import make_simulated_program, schedule_arrays
 from ppo_async.modes.threaded import lag_buckets_of, program_key, resolve_placement, run_threaded
@@ -101,25 +102,17 @@ def expand_grid(config: Config, grid: Mapping[str, Sequence[Any]]) -> list[tuple
     return points
 
 
-def static_key(config: Config) -> Config:
-    """The config with every traced field (`learner.TRACED_CONFIG_FIELDS`, the lag schedule)
-    set to its default: equal keys share one compile."""
-    default = Config()
-    key = config
-    for path in TRACED_CONFIG_FIELDS.values():
-        key = _replace_field(key, path, get_path(default, path))
-    if config.ppo.value_clip_eps is not None:  # on/off is static, the value is traced
-        key = _replace_field(key, "ppo.value_clip_eps", 0.2)
-    # Every schedule field is traced (schedule arrays) but the number of samplers.
-    return dataclasses.replace(key, lag=LagConfig(num_samplers=num_samplers_of(config.lag)), seed=0)
+def static_key(config: Config) -> str:
+    """What decides a config's compiled program, as a string: equal keys share one compile.
 
-
-def _replace_field(config: Config, path: str, value: Any) -> Config:
-    """dataclasses.replace along a dotted path (no re-validation of unrelated sections needed)."""
-    section, _, name = path.rpartition(".")
-    if not section:
-        return dataclasses.replace(config, **{name: value})
-    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **{name: value})})
+    The config without its traced fields (`learner.without_traced_fields`: the hyperparameters
+    of `learner.TRACED_CONFIG_FIELDS`, keeping only whether a `STATIC_WHEN_SET` field is set),
+    the lag schedule (traced as schedule arrays) but the number of samplers, and the seed.
+    """
+    data = without_traced_fields(config_to_dict(config))
+    data["lag"] = {"num_samplers": num_samplers_of(config.lag)}
+    data.pop("seed", None)
+    return json.dumps(data, sort_keys=True, default=str)
 
 
 def default_strategy() -> str:

@@ -91,6 +91,7 @@ class TrainState(NamedTuple):
     version: chex.Array  # [] int32 learner version: +1 per learner iteration
     sgd_steps: chex.Array  # [] int32 gradient steps taken
     env_steps: chex.Array  # [] int32 env steps consumed by the learner
+    prox_params: Any = None  # EWMA of `params`, the proximal policy of ppo.prox_ewma (None when unused)
 
 
 class PolicySnapshot(NamedTuple):

@@ -838,3 +838,118 @@ class TestShapeErrors:
             L.vtrace_advantages(z, z, z, jnp.zeros(3), jnp.zeros((7, 1)), 0.99, 0.95)
         with pytest.raises(AssertionError):
             L.vtrace_advantages(z, z, z, jnp.zeros((1,)), z, 0.99, 0.95)
+
+
+# --------------------------------------------------------------------------------------
+# Decoupled PPO (Hilton et al. 2021) and the effective sample size
+# --------------------------------------------------------------------------------------
+
+# The hand-worked batch again, now with a proximal policy between pi_theta and mu: pi / pi_prox
+# is RATIOS (the clipped ratio) and pi_prox / mu = PROX_W (the importance weight), truncated at
+# is_clip = 2. Per sample w * ppo_obj and w * dual_obj, w = min(PROX_W, 2):
+#   PROX_W  w    ppo_obj  w*ppo     dual_obj  w*dual
+#   1.0    1.0    0.5     0.5        0.5       0.5
+#   0.5    0.5    1.8     0.9        1.8       0.9
+#   2.0    2.0   -1.0    -2.0       -1.0      -2.0
+#   4.0    2.0    1.2     2.4        1.2       2.4     <- truncated
+#   1.0    1.0   -3.0    -3.0       -3.0      -3.0
+#   0.25   0.25  -0.8    -0.2       -0.8      -0.2
+#   1.0    1.0   -5.0    -5.0       -3.0      -3.0
+#   3.0    2.0    1.2     2.4        1.2       2.4     <- truncated
+# sum(w*ppo) = -4.0 -> loss 0.5; sum(w*dual) = -2.0 -> loss 0.25.
+# Untruncated (is_clip = inf): w = PROX_W: sum(w*ppo) = 0.5+0.9-2+4.8-3-0.2-5+3.6 = -0.4 -> loss 0.05.
+PROX_W = np.array([1.0, 0.5, 2.0, 4.0, 1.0, 0.25, 1.0, 3.0])
+IS_CLIP = 2.0
+
+
+def decoupled_batch():
+    """(log_prob, prox_log_prob, behavior_log_prob, advantages) realising RATIOS and PROX_W."""
+    behavior = np.linspace(-2.0, -0.5, RATIOS.size)
+    prox = behavior + np.log(PROX_W)
+    return f32(prox + np.log(RATIOS)), f32(prox), f32(behavior), f32(ADVS)
+
+
+def reference_decoupled(lp, plp, blp, adv, eps, c, is_clip):
+    """A float64 loop over samples, written from the paper's equation (dual clip where A < 0)."""
+    out = []
+    for x, p, b, a in zip(*(np.asarray(v, np.float64) for v in (lp, plp, blp, adv))):
+        r, w = math.exp(x - p), min(math.exp(p - b), is_clip)
+        obj = min(r * a, min(max(r, 1 - eps), 1 + eps) * a)
+        if a < 0:
+            obj = max(obj, c * a)
+        out.append(w * obj)
+    return np.array(out)
+
+
+class TestDecoupled:
+    def test_hand_values(self):
+        lp, plp, blp, adv = decoupled_batch()
+        f = jax.jit(losses.decoupled_ppo_loss)
+        close(f(lp, plp, blp, adv, EPS, math.inf, IS_CLIP), 0.5)
+        close(f(lp, plp, blp, adv, EPS, DUAL, IS_CLIP), 0.25)
+        close(f(lp, plp, blp, adv, EPS, math.inf, math.inf), 0.05)
+        # mask keeps 0, 1, 2, 3, 6: (0.5 + 0.9 - 2 + 2.4 - 5) / 5 = -0.64
+        close(f(lp, plp, blp, adv, EPS, math.inf, IS_CLIP, f32(MASK)), 0.64)
+        close(losses.proximal_weight(plp, blp, IS_CLIP), np.minimum(PROX_W, IS_CLIP))
+
+    def test_matches_a_reference_loop(self):
+        lp, blp, adv = random_policy_batch(seed=3, n=500)
+        plp = blp + f32(np.random.default_rng(4).normal(scale=1.0, size=blp.shape))
+        for c, is_clip in ((math.inf, 2.0), (DUAL, 2.0), (DUAL, math.inf), (math.inf, 1.0)):
+            got = jax.jit(losses.decoupled_ppo_objective)(lp, plp, blp, adv, EPS, c, is_clip)
+            close(got, reference_decoupled(lp, plp, blp, adv, EPS, c, is_clip), rtol=1e-4, atol=1e-5)
+
+    def test_equals_ppo_exactly_when_the_proximal_policy_is_the_behaviour(self):
+        lp, blp, adv = random_policy_batch(seed=5)
+        mask = f32(np.random.default_rng(6).random(blp.shape) < 0.8)
+        for c in (math.inf, DUAL):
+            for is_clip in (1.0, IS_CLIP, math.inf):
+                dec = jax.jit(lambda x: losses.decoupled_ppo_loss(x, blp, blp, adv, EPS, c, is_clip, mask))  # noqa: B023
+                ppo = jax.jit(lambda x: losses.dual_clip_ppo_loss(x, blp, adv, EPS, c, mask))  # noqa: B023
+                assert float(dec(lp)) == float(ppo(lp))
+                np.testing.assert_array_equal(np.asarray(jax.grad(dec)(lp)), np.asarray(jax.grad(ppo)(lp)))
+
+    def test_gradient_is_the_weighted_ppo_gradient_and_zero_where_clipped(self):
+        lp, blp, adv = random_policy_batch(seed=7)
+        plp = blp + f32(np.random.default_rng(8).uniform(-1.5, 1.5, size=blp.shape))
+        r, a, ppo_active, _ = regimes(lp, plp, adv)  # the clip is relative to pi_prox
+        w = np.minimum(np.exp(np.asarray(plp, np.float64) - np.asarray(blp, np.float64)), IS_CLIP)
+        g = np.asarray(jax.jit(jax.grad(lambda x: losses.decoupled_ppo_loss(x, plp, blp, adv, EPS, math.inf, IS_CLIP)))(lp))
+        assert np.all(g[ppo_active] == 0.0) and np.all(g[~ppo_active] != 0.0)
+        close(g[~ppo_active], -(w * r * a)[~ppo_active] / a.size, rtol=1e-4)
+        # no gradient flows into the proximal or behaviour log-probs (both constants)
+        g_prox = jax.grad(lambda p: losses.decoupled_ppo_loss(lp, p, blp, adv, EPS, math.inf, IS_CLIP))(plp)
+        g_beh = jax.grad(lambda b: losses.decoupled_ppo_loss(lp, plp, b, adv, EPS, math.inf, IS_CLIP))(blp)
+        # (pi_prox enters r's denominator, but the weight is a constant, so d/d prox is through r only)
+        assert np.all(np.asarray(g_beh) == 0.0)
+        assert np.isfinite(np.asarray(g_prox)).all()
+
+    def test_huge_stale_weights_stay_finite(self):
+        lp = f32([0.0, -1.0])
+        plp, blp, adv = f32([0.0, -1.0]), f32([-200.0, -150.0]), f32([1.0, -1.0])  # pi_prox / mu = e^200
+        out = jax.jit(losses.decoupled_ppo_loss)(lp, plp, blp, adv, EPS, DUAL, math.inf)
+        assert np.isfinite(float(out))
+        close(jax.jit(losses.decoupled_ppo_loss)(lp, plp, blp, adv, EPS, DUAL, IS_CLIP), -(2.0 * 1.0 + 2.0 * -1.0) / 2)
+
+
+class TestEss:
+    def test_hand_values_and_extremes(self):
+        # w = [1, 1, 2, 4]: (8)^2 / (4 * 22) = 0.727272...
+        f = jax.jit(losses.ess_fraction, static_argnames="num_segments")
+        close(f(f32(np.log([1.0, 1.0, 2.0, 4.0]))), [64 / 88])
+        close(f(f32([0.3, 0.3, 0.3])), [1.0])  # equal weights: every sample counts
+        close(f(f32([0.0, -80.0, -80.0, -80.0])), [0.25], rtol=1e-4)  # one sample holds all the weight: 1/n
+        close(f(f32([500.0, 499.0])), [(1 + math.exp(-1)) ** 2 / (2 * (1 + math.exp(-2)))])  # no overflow
+        # masked samples take no part; segments are separate; an empty segment is NaN
+        log_w = f32(np.log([1.0, 1.0, 2.0, 4.0, 9.0]))
+        close(f(log_w, mask=f32([1, 1, 1, 1, 0])), [64 / 88])
+        per = np.asarray(f(log_w, segment_ids=jnp.array([0, 0, 1, 1, 1]), num_segments=3))
+        close(per[:2], [1.0, (2 + 4 + 9) ** 2 / (3 * (4 + 16 + 81))])
+        assert np.isnan(per[2])
+
+    def test_is_scale_invariant_and_matches_numpy(self):
+        log_w = np.random.default_rng(0).normal(scale=2.0, size=300)
+        w = np.exp(log_w)
+        expected = w.sum() ** 2 / (w.size * np.square(w).sum())
+        close(losses.ess_fraction(f32(log_w)), [expected], rtol=1e-4)
+        close(losses.ess_fraction(f32(log_w + 50.0)), [expected], rtol=1e-4)

@@ -574,12 +574,7 @@ def program_key(config: Config, sampler_devices: tuple, learner_devices: tuple, 
     data = {name: value for name, value in config_to_dict(config).items() if name in _PROGRAM_TOP}
     for name in _PROGRAM_FREE_THREADED:
         data["threaded"].pop(name)
-    for path in learner.TRACED_CONFIG_FIELDS.values():
-        section, _, name = path.partition(".")
-        if section in data and name in data[section]:
-            value = data[section].pop(name)
-            if path == "ppo.value_clip_eps":
-                data[section]["value_clipping"] = value is not None  # on/off is static
+    data = learner.without_traced_fields(data)
     data["devices"] = [sorted({d.id for d in sampler_devices}), [d.id for d in learner_devices], lag_buckets]
     return json.dumps(data, sort_keys=True)
 
