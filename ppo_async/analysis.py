@@ -313,6 +313,7 @@ SUMMARY_COLUMNS = (
     "steps_to_threshold_median",
     "reached",
     "approx_kl_mean",
+    "ess_fraction_mean",
     "lag_mean_mean",
     "lag_max",
     "env_steps_per_s",
@@ -406,6 +407,7 @@ def _summary_row(group: pd.DataFrame, threshold: float | None, last_fraction: fl
         row["reached"] = f"{len(hit)}/{len(steps)}"
     row.update(
         approx_kl_mean=_column_stat(group, "approx_kl", "mean"),
+        ess_fraction_mean=_column_stat(group, "ess_fraction", "mean"),
         lag_mean_mean=_column_stat(group, "lag_mean", "mean"),
         lag_max=_column_stat(group, "lag_max", "max"),
         env_steps_per_s=_column_stat(group, "steps_per_second", "mean"),
@@ -445,8 +447,9 @@ def summarize(result_or_dataframe, threshold: float | None = None, by_seed: bool
         steps_to_threshold_median: median over the seeds that reach `threshold` of their
           first env steps there (`steps_to_threshold`; NaN if none does);
         reached: "k/n", k of the row's n seeds reach `threshold`;
-        approx_kl_mean, lag_mean_mean, env_steps_per_s: means over all rows of
-          `approx_kl`, `lag_mean`, `steps_per_second`; lag_max: max of `lag_max`;
+        approx_kl_mean, ess_fraction_mean, lag_mean_mean, env_steps_per_s: means over all
+          rows of `approx_kl`, `ess_fraction`, `lag_mean`, `steps_per_second`; lag_max: max
+          of `lag_max`;
         dropped_fraction: `samples_dropped / (samples_consumed + samples_dropped)`, both
           running totals taken at each seed's last row and summed over seeds.
       A metric whose column is not in the input is NaN.

@@ -38,7 +38,10 @@ def two_seeds() -> pd.DataFrame:
 def test_summarize_one_run_pools_seeds():
     table = pa.summarize(two_seeds())
     assert list(table.columns) == ["num_seeds", "final_return_mean", "final_return_std", "approx_kl_mean",
-                                   "lag_mean_mean", "lag_max", "env_steps_per_s", "dropped_fraction"]
+                                   "ess_fraction_mean", "lag_mean_mean", "lag_max", "env_steps_per_s", "dropped_fraction"]
+    assert np.isnan(table["ess_fraction_mean"].iloc[0])  # a metric not in the rows is NaN
+    with_ess = pa.summarize(two_seeds().assign(ess_fraction=[1.0, 0.5] * 4))
+    assert with_ess["ess_fraction_mean"].iloc[0] == pytest.approx(0.75)
     row = table.iloc[0]
     assert len(table) == 1 and row["num_seeds"] == 2
     assert row["final_return_mean"] == pytest.approx(15.0)  # seeds' last rows: 10 and 20
