@@ -109,10 +109,12 @@ def main(args: Args) -> dict:
     df[["seed", "iteration", "env_steps", "wall_time", "steps_per_second", "episode_return", "approx_kl", "clip_fraction"]].to_csv(
         os.path.join(out, "curves.csv"), index=False
     )
+    table = pa.summarize(df, threshold=threshold).iloc[0]
+    per_seed = pa.summarize(df, threshold=threshold, by_seed=True)
     hits = steps_to_threshold(df, threshold)
     reached = [s for s in hits.values() if s is not None]
-    final = result.final_returns(0.1)
     steps_per_seed = config.num_iterations * config.batch_size
+    median = table.steps_to_threshold_median
     summary = {
         "env": args.env,
         "tag": args.tag,
@@ -123,10 +125,11 @@ def main(args: Args) -> dict:
         "threshold": threshold,
         "steps_to_threshold": hits,
         "seeds_reaching_threshold": len(reached),
-        "median_steps_to_threshold": float(np.median(reached)) if reached else None,
-        "final_return_per_seed": [round(float(x), 1) for x in final],
-        "final_return_mean": float(np.mean(final)),
-        "final_return_std": float(np.std(final)),
+        "median_steps_to_threshold": None if not np.isfinite(median) else float(median),
+        "final_return_per_seed": [round(float(x), 1) for x in per_seed.final_return_mean],
+        "final_return_mean": float(table.final_return_mean),
+        "final_return_std": float(table.final_return_std),
+        "approx_kl_mean": float(table.approx_kl_mean),
         "compile_seconds": round(result.compile_seconds, 2),
         "run_seconds": round(result.run_seconds, 2),
         "env_steps_per_second_all_seeds": round(steps_per_seed * args.num_seeds / result.run_seconds),
@@ -138,10 +141,11 @@ def main(args: Args) -> dict:
     title = f"{args.env} [{args.tag}]: {args.num_seeds} seeds, {len(reached)}/{args.num_seeds} reach {threshold:g}"
     plot_curves(df, threshold, title, os.path.join(out, "return_vs_steps.png"))
     median = summary["median_steps_to_threshold"]
+    final_mean, final_std = summary["final_return_mean"], summary["final_return_std"]
     print(
         f"SUMMARY {args.env} [{args.tag}] seeds={args.num_seeds} steps/seed={steps_per_seed} | "
         f"reach {threshold:g}: {len(reached)}/{args.num_seeds}, median steps "
-        f"{'-' if median is None else f'{median:,.0f}'} | final return {np.mean(final):.1f} +- {np.std(final):.1f} | "
+        f"{'-' if median is None else f'{median:,.0f}'} | final return {final_mean:.1f} +- {final_std:.1f} | "
         f"{summary['env_steps_per_second_all_seeds']:,} env steps/s all seeds "
         f"({summary['env_steps_per_second_per_seed']:,}/seed), run {result.run_seconds:.1f}s + compile {result.compile_seconds:.1f}s"
     )

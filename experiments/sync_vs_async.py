@@ -27,6 +27,9 @@ learning-rate schedule are identical. Variants:
                   chunks as the barrier, only the synchronisation differs (not replayable).
   simulated_lag0  simulated, lag 0 with the 4 x 16 x 256 shapes (samplers consumed round-robin,
                   like a lag-free async): the no-lag control for `simulated`.
+  async_decoupled `async` with decoupled PPO (`ppo.objective="decoupled"`, Hilton et al. 2021):
+                  the clip is to the learner at the start of each update, the behaviour
+                  policy only weights the samples (truncated at is_clip = 2).
 
 Which comparison is fair. With chunks_per_batch = 1 an equal batch needs chunks 4x longer
 (16 x 256) than the barrier's (16 x 64); we keep 16 envs per sampler rather than 64 x 64
@@ -83,8 +86,9 @@ import ppo_async as pa
 from ppo_async import analysis, plots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VARIANTS = ("barrier", "async", "simulated", "async_cpb4", "simulated_lag0")
-THREADED = ("barrier", "async", "async_cpb4")
+VARIANTS = ("barrier", "async", "simulated", "async_cpb4", "simulated_lag0", "async_decoupled")
+THREADED = ("barrier", "async", "async_cpb4", "async_decoupled")
+ONE_CHUNK = ("async", "async_decoupled")  # one whole learner batch per chunk
 CURVE_COLUMNS = (
     "variant", "seed", "iteration", "env_steps", "wall_time", "episode_return", "approx_kl", "approx_kl_max",
     "clip_fraction", "lag_mean", "lag_max", "learner_version", "steps_per_second", "learner_busy_fraction",
@@ -115,7 +119,7 @@ class Args:
     buffer_batches: int = 1
     """Threaded ring-buffer capacity in learner batches (chunks = buffer_batches * chunks per batch)."""
     variants: tuple[str, ...] = VARIANTS
-    """Subset of barrier, async, simulated, async_cpb4, simulated_lag0 (simulated needs async)."""
+    """Subset of barrier, async, simulated, async_cpb4, simulated_lag0, async_decoupled (simulated needs async)."""
     eval_episodes: int = 32
     """Episodes of the deterministic evaluation of each run's final learner params."""
     thresholds: tuple[float, ...] = (-400.0, -200.0)
@@ -139,14 +143,15 @@ def batch_size(args: Args) -> int:
 
 def threaded_config(args: Args, variant: str, seed: int) -> pa.Config:
     barrier = variant == "barrier"
-    cpb = 1 if variant == "async" else args.num_samplers
-    steps = args.num_steps * args.num_samplers if variant == "async" else args.num_steps
+    cpb = 1 if variant in ONE_CHUNK else args.num_samplers
+    steps = args.num_steps * args.num_samplers if variant in ONE_CHUNK else args.num_steps
     return pa.Config(
         env=args.env,
         mode="threaded",
         seed=seed,
         total_env_steps=args.total_env_steps,
         rollout=pa.RolloutConfig(num_envs=args.num_envs, num_steps=steps),
+        ppo=pa.PPOConfig(objective="decoupled" if variant == "async_decoupled" else "ppo"),
         threaded=pa.ThreadedConfig(
             num_samplers=args.num_samplers,
             barrier=barrier,
@@ -180,6 +185,7 @@ def labels(args: Args) -> dict[str, str]:
     return {
         "barrier": f"barrier {s}x({n}x{t})",
         "async": f"async 1x({n}x{s * t})",
+        "async_decoupled": f"async 1x({n}x{s * t}), decoupled PPO",
         "simulated": "simulated replay of async",
         "async_cpb4": f"async {s}x({n}x{t})",
         "simulated_lag0": f"simulated lag 0, 1x({n}x{s * t})",
@@ -434,7 +440,7 @@ def main(args: Args) -> list[dict]:
         )
 
     for seed in seeds:
-        for variant in ("barrier", "async", "simulated", "async_cpb4", "simulated_lag0"):
+        for variant in ("barrier", "async", "simulated", "async_cpb4", "simulated_lag0", "async_decoupled"):
             if variant not in args.variants:
                 continue
             if variant in THREADED:

@@ -25,6 +25,13 @@ class ParamStore:
         self._version: int | None = None
         self._closed = False
         self.publish_count = 0
+        # Copies of the latest snapshot placed on sampler devices, made once per (version,
+        # device) under `_place_lock`: samplers on one device share a copy, and no two threads
+        # reshard the same arrays at once (seen to fail inside jax.device_put with a snapshot
+        # replicated over several learner devices: "safe_zip() argument 1 has length 4 but
+        # argument 0 has length 3").
+        self._place_lock = threading.Lock()
+        self._placed: dict[Any, tuple[int, PolicySnapshot]] = {}
         if snapshot is not None:
             self.publish(snapshot)
 
@@ -58,7 +65,17 @@ class ParamStore:
             snapshot, latest = self._snapshot, self._version
         if snapshot is None or (version is not None and latest <= int(version)):
             return None
-        return jax.device_put(snapshot, device) if device is not None else snapshot
+        return snapshot if device is None else self._placed_on(snapshot, latest, device)
+
+    def _placed_on(self, snapshot: PolicySnapshot, version: int, device: Any) -> PolicySnapshot:
+        """`snapshot` (of `version`) on `device`, transferred once and shared."""
+        with self._place_lock:
+            cached = self._placed.get(device)
+            if cached is None or cached[0] != version:
+                placed = jax.device_put(snapshot, device)
+                jax.block_until_ready(placed)
+                self._placed[device] = cached = (version, placed)
+            return cached[1]
 
     def wait_for_newer(self, version: int | None, timeout: float, device: Any = None) -> PolicySnapshot | None:
         """Block until a snapshot newer than `version` is published; None on timeout or close."""
