@@ -458,6 +458,8 @@ class Config:
     """Evaluate the learner's current params every this many learner iterations (and after the last), logged as eval_return; 0 = off."""
     eval_episodes: int = 10
     """Episodes per evaluation (deterministic actions: the Gaussian mean / the argmax)."""
+    log_every: int = 1
+    """Learner iterations per metrics row: a row aggregates the iterations since the previous one (means, maxima, summed histograms and counts, the last counters; `ppo_async.aggregate`), in metrics.jsonl, TensorBoard, W&B and TrainResult.metrics alike. The non-finite checks, the sample accounting and the warnings still run every iteration."""
     overwrite: bool = False
     """Replace a run already in run_dir (its metrics, checkpoints, schedules and plots); without it a run_dir holding a run is refused (resume it instead)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -481,6 +483,10 @@ class Config:
         _check_bool("overwrite", self.overwrite)
         _check_int("eval_every", self.eval_every, 0)
         _check_int("eval_episodes", self.eval_episodes, 1)
+        _check_int("log_every", self.log_every, 1)
+        if self.run_dir is not None and self.checkpoint_every % self.log_every != 0:
+            _fail("checkpoint_every", self.checkpoint_every,
+                  f"must be a multiple of log_every = {self.log_every} (a checkpoint closes a metrics row, so a resumed run continues its rows exactly)")
         if self.wandb_project is not None and (not isinstance(self.wandb_project, str) or not self.wandb_project.strip()):
             _fail("wandb_project", self.wandb_project, "must be a non-empty project name or None")
         for name, cls in (("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig)):

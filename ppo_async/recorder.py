@@ -17,6 +17,7 @@ file itself.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -24,12 +25,13 @@ import jax
 import numpy as np
 
 from ppo_async import rundir
+from ppo_async.aggregate import aggregate_rows
 from ppo_async.checkpoint import Checkpointer
 from ppo_async.config import Config, ConfigError, config_to_dict
 from ppo_async.health import RunHealth, first_warnings
-from ppo_async.lag import write_schedule
+from ppo_async.lag import SCHEDULE_COLUMNS, write_schedule
 from ppo_async.policy import Policy, episodes_program
-from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, scalar_items
+from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, read_jsonl, scalar_items
 from ppo_async.result import TrainResult
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes use seed + this (never a training key)
@@ -162,14 +164,18 @@ class RunRecorder:
         self.keep_rows = keep_rows
         self.first_iteration = 1
         self.resumed_meta: dict[str, Any] | None = None
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = []  # the rows written (aggregated over log_every iterations)
         self.last_saved_iteration = 0
         self.last_iteration = 0
+        self._window: list[list[dict[str, Any]]] = []  # iterations since the last written row
+        self._last_rows: list[dict[str, Any]] = []  # the last iteration's rows (counters for a checkpoint)
         self._label_keys = {k for label in self.labels for k in label}
         self._health = [RunHealth() for _ in self.labels]
         self._eval_play: Any = None  # the compiled evaluation episodes, built at the first evaluation
         self._first_warnings: dict[str, str] = {}  # kind -> message of its first appearance
         self._writer = self._tb = self._wandb = self._checkpointer = self._bar = None
+        self._schedule_files: dict[str, Any] = {}  # filename -> open append handle (run_dir)
+        self._schedules: dict[str, list[dict[str, Any]]] = {}  # filename -> records (no run_dir)
         self._open = False
 
     # ------------------------------------------------------------------ set-up
@@ -186,7 +192,7 @@ class RunRecorder:
         state, meta = rundir.restore_checkpoint(self.run_dir, state_like, self.config.keep_checkpoints)
         rundir.check_config_matches(self.config, meta, RESUME_FREE_FIELDS)
         iteration = int(meta["iteration"])
-        self.rows = rundir.truncate_metrics(self.run_dir, iteration, len(self.labels))
+        self.rows = rundir.truncate_metrics(self.run_dir, iteration, len(self.labels), self.config.log_every)
         for index, row in enumerate(self.rows):  # the warnings' running state, as the run left it
             self._health[index % len(self.labels)].update(row)
         self._first_warnings = first_warnings(self.rows)
@@ -233,13 +239,16 @@ class RunRecorder:
         self.close()
 
     def close(self) -> None:
-        """Closes every writer (idempotent)."""
-        for closeable in (self._bar, self._writer, self._tb, self._checkpointer):
+        """Writes the rows of a window cut short (a run stopped early), then closes every writer (idempotent)."""
+        if self._window:
+            self._write_rows(self._window)
+        for closeable in (self._bar, self._writer, self._tb, self._checkpointer, *self._schedule_files.values()):
             if closeable is not None:
                 closeable.close()
         if self._wandb is not None:
             self._wandb.finish()
         self._writer = self._tb = self._wandb = self._checkpointer = self._bar = None
+        self._schedule_files = {}
         self._open = False
 
     # ------------------------------------------------------------------ per iteration
@@ -296,6 +305,26 @@ class RunRecorder:
         if snapshot is not None and self.eval_due(iteration):
             for row, eval_return in zip(rows, self._evaluate(snapshot.train_state, rows)):
                 row["eval_return"] = eval_return
+        self.last_iteration = iteration
+        self._last_rows = rows
+        self._window.append(rows)
+        if iteration % self.config.log_every == 0 or iteration == self.config.num_iterations:
+            self._write_rows(self._window)
+        if snapshot is not None and self.checkpoint_due(iteration):
+            self.save_checkpoint(iteration, snapshot, rows)
+        if self._bar is not None:
+            self._bar.update(int(rows[0]["env_steps"]), rows[0])
+        if self.on_iteration is not None:
+            self.on_iteration(rows)
+
+    def _write_rows(self, window: list[list[dict[str, Any]]]) -> None:
+        """Writes one row per label for the iterations of `window` (`aggregate_rows` when
+        `log_every` > 1) to metrics.jsonl, TensorBoard, W&B and the kept rows; empties it."""
+        if len(window) == 1 and self.config.log_every == 1:
+            rows = window[0]
+        else:
+            rows = [aggregate_rows([iteration_rows[i] for iteration_rows in window]) for i in range(len(window[0]))]
+        self._window = []
         if self._writer is not None:
             for row in rows:
                 self._writer.write(row)
@@ -303,15 +332,8 @@ class RunRecorder:
             write_tb_rows(self._tb, rows, self._label_keys)
         if self._wandb is not None:
             self._wandb.log(wandb_row(rows, self._label_keys), step=int(rows[0]["env_steps"]))
-        self.last_iteration = iteration
-        if snapshot is not None and self.checkpoint_due(iteration):
-            self.save_checkpoint(iteration, snapshot, rows)
         if self.keep_rows:
             self.rows.extend(rows)
-        if self._bar is not None:
-            self._bar.update(int(rows[0]["env_steps"]), rows[0])
-        if self.on_iteration is not None:
-            self.on_iteration(rows)
 
     def _check_health(self, rows: list[dict[str, Any]]) -> None:
         """Adds the `health` fields to each row; a warning of a new kind goes to the console
@@ -349,8 +371,34 @@ class RunRecorder:
 
     def final_checkpoint(self, state: Callable[[], Any]) -> None:
         """Checkpoints the last recorded iteration unless it was just saved (runs stopped early)."""
-        if self._checkpointer is not None and self.last_iteration > self.last_saved_iteration and self.rows:
-            self.save_checkpoint(self.last_iteration, state(), self.rows[-len(self.labels):])
+        if self._checkpointer is not None and self.last_iteration > self.last_saved_iteration and self._last_rows:
+            if self._window:
+                self._write_rows(self._window)  # the checkpoint's rows are on disk before it
+            self.save_checkpoint(self.last_iteration, state(), self._last_rows)
+
+    def append_schedule(self, filename: str, records: Iterable[Mapping[str, Any]]) -> None:
+        """Appends version-schedule records (`ppo_async.lag` format) to RUN_DIR/filename and
+        flushes, as batches are consumed: a killed run keeps its schedule up to the last
+        consumed batch. Without a run directory the records are kept in memory."""
+        if not self.run_dir:
+            self._schedules.setdefault(filename, []).extend(dict(r) for r in records)
+            return
+        handle = self._schedule_files.get(filename)
+        if handle is None:
+            handle = self._schedule_files[filename] = open(os.path.join(self.run_dir, filename), "a", encoding="utf-8")
+        for record in records:
+            handle.write(json.dumps({k: record.get(k) for k in SCHEDULE_COLUMNS}) + "\n")
+        handle.flush()
+
+    def schedule_records(self, filename: str) -> list[dict[str, Any]]:
+        """Every record appended to `filename` (read back from the run directory when there is one)."""
+        if not self.run_dir:
+            return list(self._schedules.get(filename, []))
+        handle = self._schedule_files.get(filename)
+        if handle is not None:
+            handle.flush()
+        path = os.path.join(self.run_dir, filename)
+        return read_jsonl(path) if os.path.isfile(path) else []
 
     def write_schedule(self, filename: str, records: Iterable[Mapping[str, Any]]) -> None:
         """Writes RUN_DIR/filename (the lag or version schedule, `ppo_async.lag` format)."""

@@ -190,20 +190,23 @@ def check_format(meta: dict[str, Any], ckpt_dir: str) -> None:
         )
 
 
-def truncate_metrics(run_dir: str, iteration: int, num_rows: int) -> list[dict[str, Any]]:
+def truncate_metrics(run_dir: str, iteration: int, num_rows: int, log_every: int = 1) -> list[dict[str, Any]]:
     """Cuts RUN_DIR/metrics.jsonl back to the rows of iterations <= `iteration` (atomically).
 
     Rows after a checkpoint are recomputed by the resumed run, so they are dropped here (a torn
-    last line of a killed run goes too). Returns the rows kept.
+    last line of a killed run goes too). With `log_every` > 1 a row stands for up to
+    `log_every` iterations, so ceil(iteration / log_every) rows per label are expected.
+    Returns the rows kept.
     """
     path = os.path.join(run_dir, METRICS_FILE)
     if not os.path.isfile(path):
         raise CheckpointError(f"cannot resume {run_dir!r}: no metrics.jsonl")
     kept = [row for row in read_jsonl(path) if row.get("iteration", 0) <= iteration]
-    if len(kept) != iteration * num_rows:
+    expected = -(-iteration // log_every) * num_rows
+    if len(kept) != expected:
         raise CheckpointError(
             f"cannot resume {run_dir!r}: metrics.jsonl has {len(kept)} rows up to iteration {iteration}, "
-            f"expected {iteration * num_rows} ({num_rows} per iteration)"
+            f"expected {expected} ({num_rows} per logged iteration, log_every = {log_every})"
         )
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:

@@ -54,6 +54,13 @@ from ppo_async.types import TrainState, snapshot_of
 
 JOIN_TIMEOUT_S = 10.0
 POLL_S = 0.1  # slice of every blocking wait, so a stop request is seen within this time
+# Learner iterations queued for the logging thread at most. A logger that falls behind makes
+# the learner wait (back-pressure: learning slows to the logging rate, samplers then wait for
+# buffer space or overwrite, as their full_policy says); nothing is dropped and memory stays
+# bounded: a queued iteration holds its row and schedule records, and a train state only
+# when a checkpoint or an evaluation is due.
+LOG_QUEUE_SIZE = 16
+VERSION_SCHEDULE_FILE = "version_schedule.jsonl"
 
 
 class ThreadFailure(RuntimeError):
@@ -195,6 +202,9 @@ class RunShared:
     stats: list[SamplerStats]
     buffer_device: Any
     start: float = field(default_factory=time.perf_counter)  # reset when the threads start
+    keeps_state: Callable[[int], bool] = lambda iteration: False  # iterations whose state the logger needs
+    last_put_state: Any = None  # the train state of the last iteration handed to the logger
+    max_queue_depth: int = 0  # most iterations ever waiting for the logger
 
 
 def _record_failure(shared: RunShared, name: str, exc: BaseException) -> None:
@@ -310,7 +320,7 @@ class LearnerOutput:
 
     row: dict[str, Any]
     records: list[dict[str, Any]]
-    train_state: TrainState
+    train_state: TrainState | None  # only when `RunShared.keeps_state(iteration)` or the last iteration
 
 
 def threaded_accounting(
@@ -468,9 +478,24 @@ def learner_loop(
             records = [
                 schedule_record(iteration, sid, int(v), version_before, made_at, got - shared.start) for sid, made_at, v in tags
             ]
-            out.put(LearnerOutput(row, records, train_state))
+            keep = shared.keeps_state(iteration) or iteration == config.num_iterations
+            if not _put_for_logger(shared, out, LearnerOutput(row, records, train_state if keep else None)):
+                return
+            shared.last_put_state = train_state
     except BaseException as exc:  # noqa: BLE001
         _record_failure(shared, "learner", exc)
+
+
+def _put_for_logger(shared: RunShared, out: queue.Queue, item: LearnerOutput) -> bool:
+    """Queue `item` for the logging thread, waiting while the bounded queue is full; False on stop."""
+    while not shared.stop.is_set():
+        try:
+            out.put(item, timeout=POLL_S)
+        except queue.Full:
+            continue
+        shared.max_queue_depth = max(shared.max_queue_depth, out.qsize())
+        return True
+    return False
 
 
 # ----------------------------------------------------------------------------------------
@@ -757,38 +782,34 @@ def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) ->
         raise ConfigError(f"num_seeds = {config.num_seeds} is invalid for mode='threaded': must be 1")
     setup = make_threaded_setup(config)
     shared = setup.shared()
-    outputs: queue.Queue = queue.Queue()
-    schedule: list[dict[str, Any]] = []
-    last: list[LearnerOutput] = []
+    outputs: queue.Queue = queue.Queue(maxsize=LOG_QUEUE_SIZE)
+    shared.keeps_state = recorder.wants_state
 
     def log(item: LearnerOutput) -> None:
         row = {**recorder.labels[0], **item.row}  # labels (seed; config_id and grid values in a sweep) lead
         recorder.record([row], row["iteration"], state=lambda: threaded_checkpoint(item.train_state))
-        schedule.extend(item.records)
-        last[:] = [item]
+        recorder.append_schedule(VERSION_SCHEDULE_FILE, item.records)  # flushed per iteration: a SIGKILL keeps it
 
     with recorder:
         threads = start_threads(setup, shared, outputs)
         try:
-            try:
-                interrupted = watch(shared, threads[-1], outputs, log)
-            finally:
-                stop_threads(shared, threads)
-            if not shared.errors:
-                while not outputs.empty():  # rows finished before the stop still count
-                    log(outputs.get_nowait())
-            if last:
-                recorder.final_checkpoint(lambda: threaded_checkpoint(last[0].train_state))
+            interrupted = watch(shared, threads[-1], outputs, log)
         finally:
-            recorder.write_schedule("version_schedule.jsonl", schedule)
+            stop_threads(shared, threads)
+        if not shared.errors:
+            while not outputs.empty():  # rows finished before the stop still count
+                log(outputs.get_nowait())
+        if shared.last_put_state is not None:  # the state of the last logged iteration
+            recorder.final_checkpoint(lambda: threaded_checkpoint(shared.last_put_state))
     raise_thread_errors(shared, threads)
     if interrupted:
-        raise KeyboardInterrupt(f"threaded run stopped cleanly after {len(recorder.rows)} learner iterations")
-    final_state = last[0].train_state if last else setup.train_state
+        raise KeyboardInterrupt(f"threaded run stopped cleanly after {recorder.last_iteration} learner iterations")
+    final_state = shared.last_put_state if shared.last_put_state is not None else setup.train_state
     return recorder.result(
         threaded_checkpoint(final_state).train_state,
         setup.compile_seconds,
-        extras={"version_schedule": schedule, "sampler_stats": shared.stats, "placement": setup.placement},
+        extras={"version_schedule": recorder.schedule_records(VERSION_SCHEDULE_FILE), "sampler_stats": shared.stats,
+                "placement": setup.placement, "log_queue_max": shared.max_queue_depth},
     )
 
 

@@ -1,0 +1,72 @@
+"""`log_every` (issue: runs of any length): rows aggregate the iterations between them, checked
+against `log_every = 1` on the same seed; the aggregation rules by hand."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+
+import ppo_async as pa
+from ppo_async.aggregate import aggregate_rows
+from ppo_async.metrics import read_jsonl
+
+TINY = dict(env="Pendulum-v1", total_env_steps=64 * 10, rollout=pa.RolloutConfig(num_envs=4, num_steps=16),
+            ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2), network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)))
+
+
+def test_aggregation_rules_by_hand():
+    rows = [
+        {"seed": 3, "iteration": 1, "env_steps": 64, "approx_kl": 0.01, "approx_kl_max": 0.02, "lag_histogram": [60, 4],
+         "kl_per_lag": [0.01, 0.03], "episode_return": -900.0, "episodes_finished": 1.0, "steps_per_second": 100.0,
+         "samples_consumed": 64, "eval_return": None, "warning": "", "dropped_stale": 0, "ratio_std": None},
+        {"seed": 3, "iteration": 2, "env_steps": 128, "approx_kl": 0.03, "approx_kl_max": 0.05, "lag_histogram": [0, 64],
+         "kl_per_lag": [None, 0.06], "episode_return": None, "episodes_finished": 0.0, "steps_per_second": 300.0,
+         "samples_consumed": 128, "eval_return": -500.0, "warning": "", "dropped_stale": 4, "ratio_std": 0.5},
+        {"seed": 3, "iteration": 3, "env_steps": 192, "approx_kl": 0.05, "approx_kl_max": 0.04, "lag_histogram": [32, 32],
+         "kl_per_lag": [0.04, 0.09], "episode_return": -600.0, "episodes_finished": 3.0, "steps_per_second": 300.0,
+         "samples_consumed": 192, "eval_return": None, "warning": "dropped", "dropped_stale": 1, "ratio_std": 0.7},
+    ]
+    out = aggregate_rows(rows)
+    assert (out["seed"], out["iteration"], out["env_steps"], out["samples_consumed"]) == (3, 3, 192, 192)  # last
+    assert out["approx_kl"] == pytest.approx(0.03) and out["approx_kl_max"] == 0.05  # mean, max
+    assert out["ratio_std"] == pytest.approx(0.6)  # None left out of the mean
+    assert out["lag_histogram"] == [92, 100] and out["dropped_stale"] == 5  # sums
+    # per lag bucket, weighted by its samples: bucket 0 (0.01*60 + 0.04*32) / 92; bucket 1 (0.03*4 + 0.06*64 + 0.09*32) / 100
+    assert out["kl_per_lag"] == pytest.approx([(0.6 + 1.28) / 92, (0.12 + 3.84 + 2.88) / 100])
+    assert out["episode_return"] == pytest.approx((-900.0 * 1 + -600.0 * 3) / 4) and out["episodes_finished"] == 4.0
+    assert out["steps_per_second"] == pytest.approx(3 / (1 / 100 + 1 / 300 + 1 / 300))  # total steps / total time
+    assert out["eval_return"] == -500.0 and out["warning"] == "dropped" and out["logged_iterations"] == 3
+    assert aggregate_rows(rows[:1])["approx_kl"] == 0.01
+    with pytest.raises(ValueError):
+        aggregate_rows([])
+
+
+def test_log_every_rows_aggregate_the_log_every_one_rows(tmp_path):
+    every = pa.train(pa.Config(seed=5, run_dir=str(tmp_path / "one"), **TINY)).metrics
+    config = pa.Config(seed=5, log_every=4, run_dir=str(tmp_path / "four"), **TINY)
+    result = pa.train(config)
+    rows = result.metrics
+    # windows end at iterations 4, 8 and the last (10); the file holds the same rows
+    assert [r["iteration"] for r in rows] == [4, 8, 10] and [r["logged_iterations"] for r in rows] == [4, 4, 2]
+    assert read_jsonl(tmp_path / "four" / "metrics.jsonl") == rows
+    for row, window in zip(rows, (every[0:4], every[4:8], every[8:10])):
+        expected = aggregate_rows(window)
+        for name in ("env_steps", "samples_consumed", "learner_version", "approx_kl", "approx_kl_max", "policy_loss",
+                     "lag_histogram", "episode_return", "kl_per_lag", "entropy", "grad_norm"):
+            if isinstance(expected[name], list):
+                np.testing.assert_allclose(row[name], expected[name], rtol=1e-6)
+            elif expected[name] is None:
+                assert row[name] is None
+            else:
+                assert row[name] == pytest.approx(expected[name], rel=1e-6), name
+    assert rows[-1]["samples_produced"] == rows[-1]["samples_consumed"] + rows[-1]["samples_dropped"]
+    assert len(result.to_dataframe()) == 3
+
+
+def test_checkpoint_every_must_be_a_multiple_of_log_every():
+    with pytest.raises(pa.ConfigError, match=r"checkpoint_every = 6 .*multiple of log_every = 4"):
+        pa.Config(log_every=4, checkpoint_every=6, run_dir="r")
+    with pytest.raises(pa.ConfigError, match=r"log_every = 0"):
+        pa.Config(log_every=0)
+    pa.Config(log_every=4, checkpoint_every=8, run_dir="r")
