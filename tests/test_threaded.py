@@ -102,7 +102,8 @@ def test_run_dir_has_tensorboard_plots_and_a_loadable_checkpoint(run):
     assert returns.shape == (2,) and np.isfinite(returns).all()
 
 
-def _exploding_after(n: int, message: str, raised_at: list):
+def _exploding_after(n: int, message: str, raised_at: list, real=None):
+    """Calls `real` (or returns False) n times, then raises."""
     calls = {"n": 0}
 
     def exploding(*args, **kwargs):
@@ -110,7 +111,7 @@ def _exploding_after(n: int, message: str, raised_at: list):
         if calls["n"] > n:
             raised_at.append(time.perf_counter())
             raise RuntimeError(message)
-        return False
+        return False if real is None else real(*args, **kwargs)
 
     return exploding
 
@@ -126,7 +127,8 @@ def test_a_sampler_that_raises_stops_the_run_with_its_traceback_within_5s(monkey
 
 def test_a_learner_that_raises_stops_the_run_with_its_traceback_within_5s(monkeypatch):
     raised_at: list = []
-    monkeypatch.setattr(threaded_module, "schedule_record", _exploding_after(3, "boom in learner", raised_at))
+    monkeypatch.setattr(threaded_module, "schedule_record",
+                        _exploding_after(3, "boom in learner", raised_at, real=threaded_module.schedule_record))
     with pytest.raises(threaded_module.ThreadFailure, match=r"(?s)thread learner.*boom in learner.*Traceback.*learner_loop"):
         pa.train(small(total_env_steps=128 * 10_000))
     assert time.perf_counter() - raised_at[0] < 5.0
