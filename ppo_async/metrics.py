@@ -7,9 +7,11 @@ histograms). Rows go to `metrics.jsonl` (one JSON object per line) and to
 
 from __future__ import annotations
 
+import array
 import json
 import math
 import os
+from collections.abc import Sequence
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -163,3 +165,120 @@ def _fmt(value: Any, digits: int = 1) -> str:
 def scalar_items(row: Mapping[str, Any]) -> dict[str, float]:
     """The plain numeric entries of a row (no lists, None or booleans), e.g. for W&B / TensorBoard."""
     return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class MetricsLog(Sequence):
+    """The metrics rows of a run, held compactly: `TrainResult.metrics`.
+
+    A sequence of row dicts (index, slice, iterate, `len`, `==` with any sequence of rows), in
+    one of two forms, so that memory does not grow with the run:
+      * in memory (runs without a run directory, sweeps): one column per field, numbers in a
+        float64 `array` (~8 bytes per value; integers come back as integers, None as None),
+        lists as their JSON text, other values as they are;
+      * read back from RUN_DIR/metrics.jsonl (`MetricsLog.from_file`): nothing is held while
+        the run goes; the file is parsed on first access (then kept).
+    """
+
+    def __init__(self, rows: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._path: str | None = None
+        self._loaded: list[dict[str, Any]] | None = None
+        self._columns: dict[str, tuple[str, Any, Any]] = {}  # name -> (kind, values, present flags)
+        self._ints: dict[str, bool] = {}  # number columns that held only integers
+        self._length = 0
+        self.extend(rows)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "MetricsLog":
+        """The rows of a metrics.jsonl, read when first needed."""
+        log = cls()
+        log._path = os.fspath(path)
+        return log
+
+    # -- building ------------------------------------------------------------------------
+    def append(self, row: Mapping[str, Any]) -> None:
+        if self._path is not None:
+            raise TypeError("a MetricsLog read from a file is read-only")
+        for name, value in row.items():
+            if name not in self._columns:
+                self._columns[name] = ("number" if value is None or _is_number(value) else "object",
+                                       array.array("d") if value is None or _is_number(value) else [], array.array("b"))
+                self._ints[name] = True
+            kind, values, present = self._columns[name]
+            if kind == "number" and not (value is None or _is_number(value)):
+                values = [self._decode(name, "number", v, p) for v, p in zip(values, present)]
+                kind = "object"
+                self._columns[name] = (kind, values, present)
+            while len(present) < self._length:  # the field was absent from earlier rows
+                values.append(math.nan if kind == "number" else None)
+                present.append(0)
+            if kind == "number":
+                values.append(math.nan if value is None else float(value))
+                if value is not None and not isinstance(value, int):
+                    self._ints[name] = False
+            else:
+                values.append(_ListText(json.dumps(value)) if isinstance(value, list) else value)
+            present.append(1)
+        self._length += 1
+
+    def extend(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in rows:
+            self.append(row)
+
+    def _decode(self, name: str, kind: str, value: Any, present: int) -> Any:
+        if not present:
+            return None
+        if kind == "number":
+            return None if math.isnan(value) else (int(value) if self._ints[name] else value)
+        if isinstance(value, _ListText):
+            return json.loads(value)
+        return value
+
+    # -- reading -------------------------------------------------------------------------
+    def _rows(self) -> list[dict[str, Any]] | None:
+        if self._path is not None and self._loaded is None:
+            self._loaded = read_jsonl(self._path) if os.path.isfile(self._path) else []
+        return self._loaded
+
+    def _row(self, index: int) -> dict[str, Any]:
+        return {name: self._decode(name, kind, values[index], present[index])
+                for name, (kind, values, present) in self._columns.items()
+                if index < len(present) and present[index]}
+
+    def __len__(self) -> int:
+        rows = self._rows()
+        return len(rows) if rows is not None else self._length
+
+    def __getitem__(self, index):  # type: ignore[override]
+        rows = self._rows()
+        if rows is not None:
+            return rows[index]
+        if isinstance(index, slice):
+            return [self._row(i) for i in range(*index.indices(self._length))]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("MetricsLog index out of range")
+        return self._row(index)
+
+    def __iter__(self):
+        rows = self._rows()
+        if rows is not None:
+            return iter(rows)
+        return (self._row(i) for i in range(self._length))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    def __repr__(self) -> str:
+        where = f" from {self._path!r}" if self._path else ""
+        return f"MetricsLog({len(self)} rows{where})"
+
+
+class _ListText(str):
+    """A list value held as its JSON text (a few bytes per element instead of a Python list)."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

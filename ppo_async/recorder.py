@@ -31,7 +31,7 @@ from ppo_async.config import Config, ConfigError, config_to_dict
 from ppo_async.health import RunHealth, first_warnings
 from ppo_async.lag import SCHEDULE_COLUMNS, write_schedule
 from ppo_async.policy import Policy, episodes_program
-from ppo_async.metrics import JsonlWriter, NonFiniteError, Progress, check_finite, read_jsonl, scalar_items
+from ppo_async.metrics import JsonlWriter, MetricsLog, NonFiniteError, Progress, check_finite, read_jsonl, scalar_items
 from ppo_async.result import TrainResult
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes use seed + this (never a training key)
@@ -164,7 +164,10 @@ class RunRecorder:
         self.keep_rows = keep_rows
         self.first_iteration = 1
         self.resumed_meta: dict[str, Any] | None = None
-        self.rows: list[dict[str, Any]] = []  # the rows written (aggregated over log_every iterations)
+        # The rows written (aggregated over log_every iterations), kept compactly in memory only
+        # without a run directory: with one, `result()` reads them back from metrics.jsonl.
+        self.rows = MetricsLog()
+        self._last_wall_time = 0.0
         self.last_saved_iteration = 0
         self.last_iteration = 0
         self._window: list[list[dict[str, Any]]] = []  # iterations since the last written row
@@ -192,10 +195,11 @@ class RunRecorder:
         state, meta = rundir.restore_checkpoint(self.run_dir, state_like, self.config.keep_checkpoints)
         rundir.check_config_matches(self.config, meta, RESUME_FREE_FIELDS)
         iteration = int(meta["iteration"])
-        self.rows = rundir.truncate_metrics(self.run_dir, iteration, len(self.labels), self.config.log_every)
-        for index, row in enumerate(self.rows):  # the warnings' running state, as the run left it
+        earlier = rundir.truncate_metrics(self.run_dir, iteration, len(self.labels), self.config.log_every)
+        for index, row in enumerate(earlier):  # the warnings' running state, as the run left it
             self._health[index % len(self.labels)].update(row)
-        self._first_warnings = first_warnings(self.rows)
+        self._first_warnings = first_warnings(earlier)
+        self._last_wall_time = float(earlier[-1]["wall_time"]) if earlier else 0.0
         self.first_iteration = iteration + 1
         self.last_saved_iteration = self.last_iteration = iteration
         self.resumed_meta = meta
@@ -332,8 +336,9 @@ class RunRecorder:
             write_tb_rows(self._tb, rows, self._label_keys)
         if self._wandb is not None:
             self._wandb.log(wandb_row(rows, self._label_keys), step=int(rows[0]["env_steps"]))
-        if self.keep_rows:
+        if self.keep_rows and not self.run_dir:
             self.rows.extend(rows)
+        self._last_wall_time = float(rows[0]["wall_time"])
 
     def _check_health(self, rows: list[dict[str, Any]]) -> None:
         """Adds the `health` fields to each row; a warning of a new kind goes to the console
@@ -417,11 +422,12 @@ class RunRecorder:
         extras["warnings"] = list(self.warnings)
         if self.resumed_meta is not None:
             extras["first_iteration"] = self.first_iteration
+        metrics = MetricsLog.from_file(os.path.join(self.run_dir, rundir.METRICS_FILE)) if self.run_dir else self.rows
         return TrainResult(
             config=self.config,
             train_state=train_state,
-            metrics=self.rows,
+            metrics=metrics,
             compile_seconds=compile_seconds,
-            run_seconds=self.rows[-1]["wall_time"] if self.rows else 0.0,
+            run_seconds=self._last_wall_time,
             extras=extras,
         )

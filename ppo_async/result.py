@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -19,7 +19,9 @@ class TrainResult:
     Attributes:
       config: the resolved config.
       train_state: final `TrainState`, leaves stacked over seeds `[num_seeds, ...]`.
-      metrics: one dict per (seed, learner iteration); see `metrics.CORE_FIELDS`.
+      metrics: one dict per (seed, logged learner iteration); see `metrics.CORE_FIELDS`. A
+        `metrics.MetricsLog` (a sequence of dicts held compactly, or read back from
+        RUN_DIR/metrics.jsonl when the run has a run directory) or any sequence of dicts.
       compile_seconds: time to compile the program(s) before the first iteration.
       run_seconds: wall time of the iterations (excluding compile).
       extras: mode-specific results (threaded: version_schedule, sampler_stats, placement;
@@ -28,7 +30,7 @@ class TrainResult:
 
     config: Config
     train_state: Any
-    metrics: list[dict[str, Any]]
+    metrics: Sequence[dict[str, Any]]
     compile_seconds: float
     run_seconds: float
     extras: dict[str, Any] = field(default_factory=dict)
@@ -37,7 +39,7 @@ class TrainResult:
         """The metrics as a tidy pandas DataFrame (one row per seed x iteration)."""
         import pandas as pd
 
-        return pd.DataFrame(self.metrics)
+        return pd.DataFrame(list(self.metrics))
 
     @property
     def params(self) -> Any:

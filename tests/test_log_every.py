@@ -70,3 +70,29 @@ def test_checkpoint_every_must_be_a_multiple_of_log_every():
     with pytest.raises(pa.ConfigError, match=r"log_every = 0"):
         pa.Config(log_every=0)
     pa.Config(log_every=4, checkpoint_every=8, run_dir="r")
+
+
+def test_metrics_log_round_trips_rows_compactly():
+    from ppo_async.metrics import MetricsLog
+
+    rows = [{"iteration": 1, "approx_kl": 0.5, "lag_histogram": [1, 2], "warning": "", "episode_return": None},
+            {"iteration": 2, "approx_kl": None, "lag_histogram": [3], "warning": "[not a list]", "eval_return": -7.0},
+            {"iteration": 3, "approx_kl": 1.5, "lag_histogram": [4, 5], "episode_return": "odd"}]
+    log = MetricsLog(rows)
+    assert log == rows and list(log) == rows and len(log) == 3 and log[-1] == rows[-1] and log[:2] == rows[:2]
+    assert isinstance(log[0]["iteration"], int) and log[1]["warning"] == "[not a list]" and "eval_return" not in log[0]
+    with pytest.raises(IndexError):
+        log[3]
+
+
+def test_a_run_with_a_run_dir_holds_no_rows_and_reads_them_back(tmp_path):
+    from ppo_async.metrics import MetricsLog
+
+    result = pa.train(pa.Config(seed=1, run_dir=str(tmp_path / "r"), **TINY))
+    assert isinstance(result.metrics, MetricsLog) and "metrics.jsonl" in repr(result.metrics)
+    assert result.metrics == read_jsonl(tmp_path / "r" / "metrics.jsonl") and len(result.metrics) == 10
+    in_memory = pa.train(pa.Config(seed=1, **TINY)).metrics
+    assert [r["iteration"] for r in in_memory] == list(range(1, 11))
+    for a, b in zip(in_memory, result.metrics):  # the same rows but the clock
+        assert {k: v for k, v in a.items() if k not in ("wall_time", "steps_per_second")} == \
+               {k: v for k, v in b.items() if k not in ("wall_time", "steps_per_second")}
