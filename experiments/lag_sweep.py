@@ -10,6 +10,7 @@ Simulated mode with a fixed lag K in {0, 1, 2, 4, 8, 16, 32}, crossed with six v
   vtrace          advantages with truncated importance weights (V-trace, rho_bar = c_bar = 1)
   decoupled       decoupled PPO (Hilton et al. 2021): clip to the learner at the start of the
                   iteration, weight by min(pi_prox / mu, 2)
+  (decoupled_vtrace, on request: decoupled PPO on V-trace advantages)
   decoupled_ewma  the same with pi_prox an EWMA of the learner's params, decay 0.975 per SGD
                   step (centre of mass ~39 steps: the age of PPO's pi_old at 80 steps per
                   iteration, Hilton et al.'s matching rule)
@@ -54,14 +55,18 @@ VARIANTS = {
     "decoupled": {**_PPO, "ppo.clip_eps": 0.2, "ppo.objective": "decoupled", "ppo.is_clip": 2.0},
     "decoupled_ewma": {**_PPO, "ppo.clip_eps": 0.2, "ppo.objective": "decoupled", "ppo.is_clip": 2.0,
                        "ppo.prox_ewma": 0.975},
+    # not in the default table: decoupled PPO on V-trace advantages (run with --variants decoupled_vtrace)
+    "decoupled_vtrace": {**_PPO, "ppo.clip_eps": 0.2, "ppo.objective": "decoupled", "ppo.is_clip": 2.0,
+                         "ppo.advantage_estimator": "vtrace"},
 }
+DEFAULT_VARIANTS = ("clip0.2", "clip0.1", "dual3", "vtrace", "decoupled", "decoupled_ewma")
 
 
 @dataclasses.dataclass
 class Args:
     env: str = "Pendulum-v1"
     lags: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32)
-    variants: tuple[str, ...] = tuple(VARIANTS)
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
     num_seeds: int = 5
     seed: int = 0
     total_env_steps: int = 300_000

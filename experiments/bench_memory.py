@@ -1,0 +1,127 @@
+"""Resident memory of long runs: flat in run length? (issue: runs of any length)
+
+    python experiments/bench_memory.py                  # sync and threaded, log_every 1 and 10, 10k iterations each
+    python experiments/bench_memory.py --iterations 2000 --out /tmp/bench_memory
+
+Each run is its own process (a fresh interpreter, so runs do not share allocations): tiny
+batches (Pendulum-v1, 4 envs x 8 steps, one SGD step per iteration, 16-unit networks) so that
+10,000 learner iterations take about a minute, with a run directory (metrics.jsonl,
+TensorBoard, a final checkpoint and plots, the version schedule). A sampling thread reads the
+process's resident set size (/proc/self/statm) every 0.1 s together with the learner iteration
+reached. Reported per run: the slope of RSS over learner iterations (a least-squares line
+fitted after the first 20% of iterations: KB per 1,000 iterations), the running level (median
+RSS over the last 10% of the iterations) and the end peak over that level (the result, the
+plots and the checkpoint are built after the last iteration). Targets: slope < 50 KB per
+1,000 iterations and end peak within 50 MB of the running level, in both modes.
+Writes OUT/bench_memory.json and prints the table quoted in README.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import tyro
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+
+CHILD = r"""
+import json, os, sys, threading, time
+from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+apply_cpu_workarounds(); enable_compilation_cache()
+import ppo_async as pa
+
+mode, iterations, log_every, run_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+reached, samples, done = [0], [], threading.Event()
+def sample():
+    while not done.is_set():
+        samples.append((time.perf_counter(), reached[0], rss()))
+        time.sleep(0.1)
+config = pa.Config(env="Pendulum-v1", mode=mode, total_env_steps=iterations * 32, log_every=log_every, run_dir=run_dir,
+                   rollout=pa.RolloutConfig(num_envs=4, num_steps=8), ppo=pa.PPOConfig(num_epochs=1, num_minibatches=1),
+                   network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)),
+                   **({"threaded": pa.ThreadedConfig(num_samplers=2)} if mode == "threaded" else {}))
+def on_iteration(rows):
+    reached[0] = rows[0]["iteration"]
+sampler = threading.Thread(target=sample, daemon=True); sampler.start()
+t0 = time.perf_counter()
+result = pa.train(config, on_iteration=on_iteration)
+run_end = time.perf_counter()
+rows = len(result.metrics)
+time.sleep(0.3)
+done.set(); sampler.join()
+print("RESULT " + json.dumps({"samples": samples, "run_end": run_end, "seconds": run_end - t0, "rows": rows,
+                              "metrics_bytes": os.path.getsize(os.path.join(run_dir, "metrics.jsonl"))}))
+"""
+
+
+@dataclasses.dataclass
+class Args:
+    iterations: int = 10_000
+    """Learner iterations per run (>= 10,000 for the issue's figures)."""
+    modes: tuple[str, ...] = ("sync", "threaded")
+    log_every: tuple[int, ...] = (1, 10)
+    out: str | None = None
+
+
+def analyse(raw: dict, iterations: int) -> dict:
+    """Slope (KB / 1000 iterations) after warm-up, running level and end peak (MB)."""
+    t, it, rss = (np.asarray(v, dtype=np.float64) for v in zip(*raw["samples"]))
+    running = t <= raw["run_end"]
+    fit = running & (it >= 0.2 * iterations)
+    slope = np.polyfit(it[fit], rss[fit], 1)[0] * 1000 / 1024 if fit.sum() >= 3 else float("nan")
+    tail = running & (it >= 0.9 * iterations)
+    level = float(np.median(rss[tail])) if tail.any() else float(rss[running][-1])
+    peak = float(rss.max())
+    return {
+        "slope_kb_per_1000_iterations": round(float(slope), 1),
+        "running_level_mb": round(level / 2**20, 1),
+        "end_peak_over_level_mb": round((peak - level) / 2**20, 1),
+        "start_mb": round(float(rss[fit][0]) / 2**20, 1) if fit.any() else None,
+        "seconds": round(raw["seconds"], 1),
+        "rows": raw["rows"],
+        "metrics_jsonl_mb": round(raw["metrics_bytes"] / 2**20, 2),
+    }
+
+
+def main(args: Args) -> list[dict]:
+    out = args.out or os.path.join(HERE, "results", "bench_memory")
+    os.makedirs(out, exist_ok=True)
+    results = []
+    for mode in args.modes:
+        for log_every in args.log_every:
+            with tempfile.TemporaryDirectory() as tmp:
+                proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(args.iterations), str(log_every), os.path.join(tmp, "run")],
+                                      cwd=REPO_ROOT, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"{mode} log_every={log_every} failed:\n{proc.stderr[-3000:]}")
+            raw = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+            row = {"mode": mode, "log_every": log_every, "iterations": args.iterations, **analyse(raw, args.iterations)}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    with open(os.path.join(out, "bench_memory.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"\n| mode | log_every | iterations | slope (KB / 1000 it.) | running level (MB) | end peak over level (MB) | "
+          f"metrics.jsonl (MB) | run s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['mode']} | {r['log_every']} | {r['iterations']:,} | {r['slope_kb_per_1000_iterations']} | "
+              f"{r['running_level_mb']} | {r['end_peak_over_level_mb']} | {r['metrics_jsonl_mb']} | {r['seconds']} |")
+    met = all(r["slope_kb_per_1000_iterations"] < 50 and r["end_peak_over_level_mb"] <= 50 for r in results)
+    print(f"\ntargets (slope < 50 KB per 1000 iterations, end peak within 50 MB): {'met' if met else 'MISSED'}")
+    print(f"wrote {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
