@@ -11,7 +11,8 @@ process's resident set size (/proc/self/statm) every 0.1 s together with the lea
 reached. Reported per run: the slope of RSS over learner iterations (a least-squares line
 fitted after the first 20% of iterations: KB per 1,000 iterations), the running level (median
 RSS over the last 10% of the iterations) and the end peak over that level (the result, the
-plots and the checkpoint are built after the last iteration). Targets: slope < 50 KB per
+plots and the checkpoint are built after the last iteration; `len(result.metrics)` counts
+the file's rows without loading them). Targets: slope < 50 KB per
 1,000 iterations and end peak within 50 MB of the running level, in both modes.
 Writes OUT/bench_memory.json and prints the table quoted in README.
 """
@@ -77,7 +78,7 @@ class Args:
 def analyse(raw: dict, iterations: int) -> dict:
     """Slope (KB / 1000 iterations) after warm-up, running level and end peak (MB)."""
     t, it, rss = (np.asarray(v, dtype=np.float64) for v in zip(*raw["samples"]))
-    running = t <= raw["run_end"]
+    running = it < iterations  # before the last iteration (its checkpoint, the plots and the result come after)
     fit = running & (it >= 0.2 * iterations)
     slope = np.polyfit(it[fit], rss[fit], 1)[0] * 1000 / 1024 if fit.sum() >= 3 else float("nan")
     tail = running & (it >= 0.9 * iterations)

@@ -102,20 +102,24 @@ class JsonlWriter:
         self.close()
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All rows of a metrics.jsonl (a torn last line from a killed run is ignored)."""
-    rows = []
+def read_jsonl(path: str | os.PathLike, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """All rows of a metrics.jsonl (a torn last line from a killed run is ignored), read line by
+    line; with `columns`, each row keeps only those of its fields."""
+    keep = None if columns is None else set(columns)
+    rows: list[dict[str, Any]] = []
+    torn = None  # a line that did not parse: an error unless it is the last one
     with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise
+        for line in f:
+            if not line.strip():
+                continue
+            if torn is not None:
+                raise torn
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                torn = exc
+                continue
+            rows.append(row if keep is None else {k: v for k, v in row.items() if k in keep})
     return rows
 
 
@@ -245,6 +249,11 @@ class MetricsLog(Sequence):
                 if index < len(present) and present[index]}
 
     def __len__(self) -> int:
+        if self._path is not None and self._loaded is None:  # count the rows without holding them
+            if not os.path.isfile(self._path):
+                return 0
+            with open(self._path, encoding="utf-8") as f:
+                return sum(1 for line in f if line.strip())
         rows = self._rows()
         return len(rows) if rows is not None else self._length
 

@@ -541,7 +541,7 @@ def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
     (e.g. no episode finished) is skipped. `label` names the run in the learning curve's
     legend (default: the directory's name). Returns the paths written."""
     run_dir = os.fspath(run_dir)
-    df = read_run_metrics(run_dir, "plot_run")
+    df = read_run_metrics(run_dir, "plot_run", columns=PLOT_RUN_COLUMNS)  # only what the plots draw: a long run's file stays on disk
     name = label or os.path.basename(os.path.normpath(os.path.abspath(run_dir))) or "run"
     written: list[str] = []
 
@@ -565,8 +565,17 @@ def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
     return written
 
 
-def read_run_metrics(run_dir: str | os.PathLike, what: str = "read_run_metrics") -> pd.DataFrame:
-    """`run_dir/metrics.jsonl` as a DataFrame (one row per seed x iteration; `metrics.read_jsonl`).
+# The columns `plot_run` reads (of the rows that have them).
+PLOT_RUN_COLUMNS = (
+    "seed", "config_id", "iteration", "env_steps", "wall_time", "episode_return", "approx_kl", "approx_kl_max",
+    "steps_per_second", "sampler_steps_per_second", "lag_histogram", "kl_per_lag",
+    *(c for c, _ in SAMPLER_TIME_COLUMNS),
+)
+
+
+def read_run_metrics(run_dir: str | os.PathLike, what: str = "read_run_metrics", columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """`run_dir/metrics.jsonl` as a DataFrame (one row per seed x iteration; `metrics.read_jsonl`),
+    with only `columns` when given (read line by line, the rest is never held).
 
     Raises FileNotFoundError when there is no metrics.jsonl, ValueError when it has no rows.
     """
@@ -575,7 +584,7 @@ def read_run_metrics(run_dir: str | os.PathLike, what: str = "read_run_metrics")
     metrics_path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
     if not os.path.isfile(metrics_path):
         raise FileNotFoundError(f"{what}: no metrics.jsonl in {os.fspath(run_dir)!r}")
-    df = pd.DataFrame(read_jsonl(metrics_path))
+    df = pd.DataFrame(read_jsonl(metrics_path, columns))
     if df.empty:
         raise ValueError(f"{what}: {metrics_path} has no rows")
     return df
