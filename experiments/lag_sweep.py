@@ -21,7 +21,8 @@ return over the whole run = AUC / env steps, 95% CI), median env steps to the th
 seeds reaching it), mean approx KL to the behaviour policy, mean ESS fraction of the importance
 weights. A variant "breaks" at the smallest K whose mean final return is below the threshold.
 
-Writes OUT/lag_sweep.csv (one row per K x variant), OUT/runs.jsonl (every iteration), PNGs
+Writes OUT/lag_sweep.csv (one row per K x variant), OUT/runs.jsonl (every iteration and
+metric; git-ignored), OUT/curves.csv.gz (return, KL and ESS per iteration), PNGs
 (return vs K with CI bands, AUC vs K, KL vs K, ESS vs K, KL per lag bucket) and prints the
 tables quoted in README.
 """
@@ -190,7 +191,9 @@ def main(args: Args) -> pd.DataFrame:
         frames.append(df.assign(variant=name))
     df = pd.concat(frames, ignore_index=True)
     table = pd.concat(tables, ignore_index=True)
-    pa.save_sweep(df, os.path.join(out, "runs.jsonl"))
+    pa.save_sweep(df, os.path.join(out, "runs.jsonl"))  # every row (~125 MB at the defaults: git-ignored)
+    curve_columns = ["variant", "lag.K", "seed", "iteration", "env_steps", "episode_return", "approx_kl", "ess_fraction"]
+    df[curve_columns].to_csv(os.path.join(out, "curves.csv.gz"), index=False)  # the learning curves, small enough to commit
     table.to_csv(os.path.join(out, "lag_sweep.csv"), index=False)
     plot(table, df, out)
     print_tables(table, args, base.num_iterations * base.batch_size)
