@@ -351,6 +351,11 @@ class RunRecorder:
                 self._bar.write(f"warning: {first[kind]}")
         self._first_warnings = first
 
+    def announce(self, message: str) -> None:
+        """A line on the console above the progress bar (nothing when the bar is off)."""
+        if self._bar is not None:
+            self._bar.write(message)
+
     @property
     def warnings(self) -> list[str]:
         """Each kind of warning once, as it first appeared (see `ppo_async.health`)."""

@@ -87,3 +87,29 @@ def test_queued_iterations_carry_a_train_state_only_when_the_logger_needs_it(mon
                        threaded=pa.ThreadedConfig(num_samplers=2), **SMALL)
     pa.train(config)
     assert [i for i, with_state in held if with_state] == [5, 10, 12]  # evaluations and the last iteration
+
+
+def test_device_memory_is_reported_and_a_buffer_too_big_for_the_device_is_a_config_error():
+    import jax
+    import jax.numpy as jnp
+
+    config = pa.Config(mode="threaded", total_env_steps=4 * 64, threaded=pa.ThreadedConfig(num_samplers=2), **SMALL)
+    memory = pa.train(config).extras["device_memory"]
+    # the default buffer: 4 chunks of 4 envs x 16 steps; Pendulum obs 3 floats, action 1 float...
+    assert memory["buffer_bytes"] == 4 * memory["chunk_bytes"] and memory["chunk_bytes"] > 64 * 3 * 4
+    assert memory["snapshot_bytes_per_sampler"] > 4 * (3 * 16 + 16 * 1)  # at least the actor's first layer
+    assert memory["device_bytes_limit"] is None or memory["device_bytes_limit"] > 0  # None on CPU
+
+    class SmallDevice:
+        def memory_stats(self):
+            return {"bytes_limit": 10_000, "bytes_in_use": 4_000}
+
+        def __str__(self):
+            return "gpu:0"
+
+    chunk = {"obs": jax.ShapeDtypeStruct((16, 4, 3), jnp.float32)}  # 768 bytes
+    report = threaded_module.device_memory_report(chunk, {"w": jnp.zeros((10,))}, 16, SmallDevice())
+    assert (report["buffer_bytes"], report["snapshot_bytes_per_sampler"], report["device_bytes_free"]) == (12_288, 40, 6_000)
+    with pytest.raises(pa.ConfigError, match=r"threaded.buffer_capacity = .*needs 12,288 bytes .*gpu:0.*6,000 bytes free"):
+        threaded_module.check_buffer_fits(config, report)
+    threaded_module.check_buffer_fits(config, threaded_module.device_memory_report(chunk, {}, 4, SmallDevice()))  # 3,072 fits

@@ -560,6 +560,7 @@ class ThreadedSetup:
     sampler_keys: list
     example: Any  # one rollout chunk on the buffer device
     compile_seconds: float
+    memory: dict[str, Any] = field(default_factory=dict)  # device_memory_report: buffer / snapshot bytes
 
     def batch(self) -> Any:
         """`chunks_per_batch` copies of the example chunk, merged and placed as the learner takes them."""
@@ -648,6 +649,48 @@ def threaded_programs(config: Config, placement: Placement, lag_buckets: int) ->
     return programs
 
 
+def tree_bytes(tree: Any) -> int:
+    """Bytes of a pytree of arrays (or of `jax.ShapeDtypeStruct`s)."""
+    return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+
+def device_memory_report(chunk_like: Any, snapshot_like: Any, capacity_chunks: int, device: Any) -> dict[str, Any]:
+    """Sizes a threaded run puts on its devices: the ring buffer (`capacity_chunks` chunks shaped
+    like `chunk_like`), one parameter snapshot per sampler, and the buffer device's memory
+    where JAX reports it (`device.memory_stats()`: accelerators; None on CPU)."""
+    chunk_bytes = tree_bytes(chunk_like)
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - backends without memory statistics
+        stats = {}
+    limit = stats.get("bytes_limit")
+    return {
+        "chunk_bytes": chunk_bytes,
+        "buffer_bytes": chunk_bytes * int(capacity_chunks),
+        "snapshot_bytes_per_sampler": tree_bytes(snapshot_like),
+        "buffer_device": str(device),
+        "device_bytes_limit": limit,
+        "device_bytes_free": None if limit is None else int(limit) - int(stats.get("bytes_in_use", 0)),
+    }
+
+
+def check_buffer_fits(config: Config, report: Mapping[str, Any]) -> None:
+    """ConfigError naming `threaded.buffer_capacity` when the ring buffer cannot fit in the free
+    memory of its device (checked only where JAX reports the device's memory)."""
+    free = report["device_bytes_free"]
+    if free is not None and report["buffer_bytes"] > free:
+        _buffer_too_big(config, report)
+
+
+def _buffer_too_big(config: Config, report: Mapping[str, Any]) -> None:
+    raise ConfigError(
+        f"threaded.buffer_capacity = {config.threaded.buffer_capacity or config.buffer_capacity_chunks * config.chunk_size} "
+        f"transitions is invalid: the ring buffer needs {report['buffer_bytes']:,} bytes "
+        f"({config.buffer_capacity_chunks} chunks of {report['chunk_bytes']:,} bytes) on {report['buffer_device']}, "
+        f"which has {report['device_bytes_free']:,} bytes free of {report['device_bytes_limit']:,}; lower it"
+    )
+
+
 def make_threaded_setup(config: Config) -> ThreadedSetup:
     """Placement, compiled rollout / merge / update, train state, envs and keys of a threaded config."""
     t_start = time.perf_counter()
@@ -662,6 +705,9 @@ def make_threaded_setup(config: Config) -> ThreadedSetup:
     env_states = [jax.device_put(programs.reset(sampler_env_key(env_key, s)), devices[s]) for s in range(tcfg.num_samplers)]
     keys = jax.random.split(jax.random.fold_in(run_key, 1), tcfg.num_samplers)
     sampler_keys = [jax.device_put(k, devices[s]) for s, k in enumerate(keys)]
+    chunk_like = jax.eval_shape(programs.rollout_fn, snapshot_of(train_state), env_states[0], sampler_keys[0])[1]
+    memory = device_memory_report(chunk_like, snapshot_of(train_state)[:2], config.buffer_capacity_chunks, placement.buffer_device)
+    check_buffer_fits(config, memory)  # before compiling the rollout and the update
     example = None
     for device in dict.fromkeys(devices):  # compile the rollout once per sampler device
         s = devices.index(device)
@@ -670,7 +716,7 @@ def make_threaded_setup(config: Config) -> ThreadedSetup:
         config=config, placement=placement, rollout_fn=programs.rollout_fn, update=programs.update,
         place_trajectory=programs.place_trajectory, merge=programs.merge, train_state=train_state,
         learner_key=run_key, hparams=hparams, env_states=env_states, sampler_keys=sampler_keys,
-        example=jax.device_put(example, placement.buffer_device), compile_seconds=0.0,
+        example=jax.device_put(example, placement.buffer_device), compile_seconds=0.0, memory=memory,
     )
     setup.update.lower(train_state, setup.batch(), run_key, hparams).compile()
     setup.compile_seconds = time.perf_counter() - t_start
@@ -791,6 +837,9 @@ def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) ->
         recorder.append_schedule(VERSION_SCHEDULE_FILE, item.records)  # flushed per iteration: a SIGKILL keeps it
 
     with recorder:
+        m = setup.memory
+        recorder.announce(f"ring buffer {m['buffer_bytes'] / 2**20:.1f} MB on {m['buffer_device']}, parameter snapshot "
+                          f"{m['snapshot_bytes_per_sampler'] / 2**10:.1f} KB per sampler")
         threads = start_threads(setup, shared, outputs)
         try:
             interrupted = watch(shared, threads[-1], outputs, log)
@@ -809,7 +858,7 @@ def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) ->
         threaded_checkpoint(final_state).train_state,
         setup.compile_seconds,
         extras={"version_schedule": recorder.schedule_records(VERSION_SCHEDULE_FILE), "sampler_stats": shared.stats,
-                "placement": setup.placement, "log_queue_max": shared.max_queue_depth},
+                "placement": setup.placement, "log_queue_max": shared.max_queue_depth, "device_memory": setup.memory},
     )
 
 
