@@ -31,7 +31,7 @@ from ppo_async.config import Config, ConfigError, config_to_dict
 from ppo_async.health import RunHealth, first_warnings
 from ppo_async.lag import SCHEDULE_COLUMNS, write_schedule
 from ppo_async.policy import Policy, episodes_program
-from ppo_async.metrics import JsonlWriter, MetricsLog, NonFiniteError, Progress, check_finite, read_jsonl, scalar_items
+from ppo_async.metrics import JsonlWriter, MetricsLog, NonFiniteError, Progress, check_finite, scalar_items
 from ppo_async.result import TrainResult
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes use seed + this (never a training key)
@@ -400,15 +400,15 @@ class RunRecorder:
             handle.write(json.dumps({k: record.get(k) for k in SCHEDULE_COLUMNS}) + "\n")
         handle.flush()
 
-    def schedule_records(self, filename: str) -> list[dict[str, Any]]:
-        """Every record appended to `filename` (read back from the run directory when there is one)."""
+    def schedule_records(self, filename: str) -> Sequence[dict[str, Any]]:
+        """Every record appended to `filename`: with a run directory a `MetricsLog` that reads
+        the file when first used (nothing held before), else the records kept in memory."""
         if not self.run_dir:
             return list(self._schedules.get(filename, []))
         handle = self._schedule_files.get(filename)
         if handle is not None:
             handle.flush()
-        path = os.path.join(self.run_dir, filename)
-        return read_jsonl(path) if os.path.isfile(path) else []
+        return MetricsLog.from_file(os.path.join(self.run_dir, filename))
 
     def write_schedule(self, filename: str, records: Iterable[Mapping[str, Any]]) -> None:
         """Writes RUN_DIR/filename (the lag or version schedule, `ppo_async.lag` format)."""
