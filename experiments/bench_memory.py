@@ -110,6 +110,7 @@ def main(args: Args) -> list[dict]:
             row = {"mode": mode, "log_every": log_every, "iterations": args.iterations, **analyse(raw, args.iterations)}
             results.append(row)
             print(json.dumps(row), flush=True)
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "bench_memory.json"), "w") as f:
         json.dump(results, f, indent=2)
     print(f"\n| mode | log_every | iterations | slope (KB / 1000 it.) | running level (MB) | end peak over level (MB) | "
