@@ -42,8 +42,15 @@ def test_aggregation_rules_by_hand():
         aggregate_rows([])
 
 
-def test_log_every_rows_aggregate_the_log_every_one_rows(tmp_path):
-    every = pa.train(pa.Config(seed=5, run_dir=str(tmp_path / "one"), **TINY)).metrics
+@pytest.fixture(scope="module")
+def every_iteration(tmp_path_factory):
+    """A log_every = 1 run with a run directory (its rows come back from metrics.jsonl)."""
+    run_dir = tmp_path_factory.mktemp("one") / "r"
+    return pa.train(pa.Config(seed=5, run_dir=str(run_dir), **TINY)), run_dir
+
+
+def test_log_every_rows_aggregate_the_log_every_one_rows(tmp_path, every_iteration):
+    every = every_iteration[0].metrics
     config = pa.Config(seed=5, log_every=4, run_dir=str(tmp_path / "four"), **TINY)
     result = pa.train(config)
     rows = result.metrics
@@ -85,13 +92,13 @@ def test_metrics_log_round_trips_rows_compactly():
         log[3]
 
 
-def test_a_run_with_a_run_dir_holds_no_rows_and_reads_them_back(tmp_path):
+def test_a_run_with_a_run_dir_holds_no_rows_and_reads_them_back(every_iteration):
     from ppo_async.metrics import MetricsLog
 
-    result = pa.train(pa.Config(seed=1, run_dir=str(tmp_path / "r"), **TINY))
+    result, run_dir = every_iteration
     assert isinstance(result.metrics, MetricsLog) and "metrics.jsonl" in repr(result.metrics)
-    assert result.metrics == read_jsonl(tmp_path / "r" / "metrics.jsonl") and len(result.metrics) == 10
-    in_memory = pa.train(pa.Config(seed=1, **TINY)).metrics
+    assert len(result.metrics) == 10 and result.metrics == read_jsonl(run_dir / "metrics.jsonl")
+    in_memory = pa.train(pa.Config(seed=5, **TINY)).metrics
     assert [r["iteration"] for r in in_memory] == list(range(1, 11))
     for a, b in zip(in_memory, result.metrics):  # the same rows but the clock
         assert {k: v for k, v in a.items() if k not in ("wall_time", "steps_per_second")} == \

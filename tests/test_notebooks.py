@@ -102,8 +102,8 @@ def test_quickstart(kernel_name, tmp_path):
     text = text_of(nb)
     rows = re.search(r"^(\d+) rows, (\d+) seeds", text, re.M)
     assert rows and int(rows.group(1)) > 0 and int(rows.group(2)) == 2, text
-    assert "final return" in text and "mean +- std over seeds" in text
-    assert count_mime(nb, "text/html") >= 2  # DataFrame head and the tail summary
+    assert "final_return_mean" in text and "steps_to_threshold" not in text  # pa.summarize, no threshold given
+    assert count_mime(nb, "text/html") >= 3  # DataFrame head and the two pa.summarize tables
     assert count_mime(nb, "image/png") >= 2  # learning curve and KL over time
     print(f"01_quickstart at {TEST_BUDGET} env steps: {seconds:.1f} s")
 
