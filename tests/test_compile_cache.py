@@ -18,7 +18,9 @@ from ppo_async import xla_flags
 from ppo_async.xla_flags import COMPILATION_CACHE_ENV, compilation_cache_dir, enable_compilation_cache
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 2048  # two iterations of the default config (16 envs x 64 steps)
+STEPS = 128  # two iterations of the small shape below (4 envs x 16 steps)
+SMALL = ["--rollout.num-envs", "4", "--rollout.num-steps", "16", "--ppo.num-epochs", "1", "--ppo.num-minibatches", "2",
+         "--network.actor-hidden", "16", "--network.critic-hidden", "16"]  # compiles faster; the cache works alike
 
 
 def cache_env(cache: str) -> dict[str, str]:
@@ -43,7 +45,7 @@ def test_cli_fills_and_reuses_the_cache(tmp_path):
     """A second identical `train` hits the cache for every program and compiles faster."""
     cache = str(tmp_path / "cache")
     env = cache_env(cache)
-    train = ["-m", "ppo_async", "train", "--total-env-steps", str(STEPS)]
+    train = ["-m", "ppo_async", "train", "--total-env-steps", str(STEPS), *SMALL]
     compile_s = re.compile(r"\(\+([0-9.]+)s compile\)")
     cold = run(train + ["--run-dir", str(tmp_path / "r1")], env)
     first = cache_files(cache)
