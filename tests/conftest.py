@@ -50,6 +50,28 @@ def run_module(args: list[str], cwd: str | None = None, env_extra: dict | None =
     )
 
 
+def sigkill_train_when(args: list[str], ready, timeout: float = 120) -> None:
+    """Starts `python -m ppo_async ARGS`, waits until `ready()` (polled every 20 ms), then kills it
+    with SIGKILL. Fails if the run ends (or dies) before it could be killed."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "ppo_async", *args], cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline and proc.poll() is None and not ready():
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run finished (or died) before it could be killed: " + proc.stderr.read().decode()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
 @pytest.fixture(scope="module")
 def pendulum():
     from ppo_async import envs

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -16,7 +14,7 @@ from ppo_async import Config, ConfigError, LagConfig, PPOConfig, RolloutConfig, 
 from ppo_async.checkpoint import Checkpointer, CheckpointError
 from ppo_async.recorder import LOSS_FIELDS
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, sigkill_train_when
 
 EXACT = LOSS_FIELDS + ("episode_return", "learner_version", "sgd_steps", "env_steps", "learning_rate",
                        "grad_norm", "clip_fraction", "samples_consumed", "samples_dropped")
@@ -109,25 +107,11 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     # the 18 iterations left take long enough that the kill always lands mid-run (asserted).
     iterations = 20
     run_dir = tmp_path / "killed"
-    args = [sys.executable, "-m", "ppo_async", "train", "--env", "CartPole-v1", "--rollout.num-envs", "4",
+    args = ["train", "--env", "CartPole-v1", "--rollout.num-envs", "4",
             "--rollout.num-steps", "16", "--ppo.num-minibatches", "2", "--ppo.num-epochs", "1",
             "--total-env-steps", str(iterations * 64), "--checkpoint-every", "1", "--run-dir", str(run_dir), "--quiet"]
-    proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        ckpt_dir = run_dir / "checkpoints"
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            if ckpt_dir.is_dir() and len([d for d in os.listdir(ckpt_dir) if d.isdigit()]) >= 2:
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, "the run finished (or died) before it could be killed: " + proc.stderr.read().decode()
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    ckpt_dir = run_dir / "checkpoints"
+    sigkill_train_when(args, lambda: ckpt_dir.is_dir() and len([d for d in os.listdir(ckpt_dir) if d.isdigit()]) >= 2)
     killed_rows = read_jsonl(run_dir / "metrics.jsonl")
     assert len(killed_rows) < iterations
 

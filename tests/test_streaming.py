@@ -4,10 +4,6 @@ logging queue is bounded when the logger is slow."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,7 +13,8 @@ from ppo_async.lag import read_schedule
 from ppo_async.metrics import read_jsonl
 from ppo_async.modes import threaded as threaded_module
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import sigkill_train_when
+
 SMALL = dict(env="Pendulum-v1", rollout=pa.RolloutConfig(num_envs=4, num_steps=16),
              ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2), network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)))
 
@@ -25,26 +22,12 @@ SMALL = dict(env="Pendulum-v1", rollout=pa.RolloutConfig(num_envs=4, num_steps=1
 def test_sigkilled_threaded_run_keeps_its_schedule_and_the_prefix_replays(tmp_path):
     iterations = 400
     run_dir = tmp_path / "killed"
-    args = [sys.executable, "-m", "ppo_async", "train", "--mode", "threaded", "--env", "Pendulum-v1",
+    args = ["train", "--mode", "threaded", "--env", "Pendulum-v1",
             "--rollout.num-envs", "4", "--rollout.num-steps", "16", "--ppo.num-minibatches", "2", "--ppo.num-epochs", "1",
             "--network.actor-hidden", "16", "--network.critic-hidden", "16", "--threaded.num-samplers", "2",
             "--total-env-steps", str(iterations * 64), "--run-dir", str(run_dir), "--quiet"]
-    proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     schedule = run_dir / "version_schedule.jsonl"
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            if schedule.is_file() and len(schedule.read_text().splitlines()) >= 10:
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, "the run finished (or died) before it could be killed: " + proc.stderr.read().decode()
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_train_when(args, lambda: schedule.is_file() and len(schedule.read_text().splitlines()) >= 10)
     records = read_jsonl(schedule)  # a torn last line is ignored
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert 10 <= len(records) < iterations
