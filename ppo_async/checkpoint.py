@@ -84,10 +84,18 @@ def _layout(tree: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _is_empty(x: Any) -> bool:
+    """A leaf with a zero-size axis (MJX data has some, e.g. `act` of an env without
+    activations); orbax cannot store those, so they are saved as None and rebuilt as zeros."""
+    return 0 in _leaf_shape_dtype(x)[0]
+
+
 def _to_storable(tree: Any) -> Any:
-    """Typed keys -> uint32 key data; everything else -> jax arrays."""
+    """Typed keys -> uint32 key data; zero-size leaves -> None; everything else -> jax arrays."""
 
     def conv(x: Any) -> Any:
+        if _is_empty(x):
+            return None
         if _is_typed_key(x):
             return jax.random.key_data(x)
         return jax.numpy.asarray(x)
@@ -102,8 +110,10 @@ def _default_sharding() -> jax.sharding.Sharding:
 def _abstract_target(state_like: Any) -> Any:
     """ShapeDtypeStructs (with a sharding, so orbax returns jax arrays) of the stored leaves."""
 
-    def conv(x: Any) -> jax.ShapeDtypeStruct:
+    def conv(x: Any) -> jax.ShapeDtypeStruct | None:
         shape, dtype, _ = _leaf_shape_dtype(x)
+        if 0 in shape:
+            return None  # stored as None (`_to_storable`)
         sharding = getattr(x, "sharding", None)
         if not isinstance(sharding, jax.sharding.Sharding):
             sharding = _default_sharding()
@@ -316,8 +326,14 @@ class Checkpointer:
                 f"orbax restored step {step} into an unexpected structure:\n  got {restored_def}\n  wanted {target_def}"
             )
         like_leaves, like_def = jax.tree.flatten(state_like)
+        stored = iter(restored_leaves)
         leaves = []
-        for like, value in zip(like_leaves, restored_leaves):
+        for like in like_leaves:
+            if _is_empty(like):
+                shape, dtype, _ = _leaf_shape_dtype(like)
+                leaves.append(jax.numpy.zeros(shape, dtype))
+                continue
+            value = next(stored)
             if _is_typed_key(like):
                 value = jax.random.wrap_key_data(value, impl=jax.random.key_impl(like))
             elif not isinstance(value, jax.Array):

@@ -101,22 +101,70 @@ def check_field_types(section: Any, prefix: str = "") -> None:
             _fail(f"{prefix}{f.name}", value, f"must be {allowed}, not {type(value).__name__}")
 
 
-_SECTION_TYPE_NAMES = ("RolloutConfig", "PPOConfig", "NetworkConfig", "LagConfig", "ThreadedConfig")
+_SECTION_TYPE_NAMES = ("EnvOptions", "RolloutConfig", "PPOConfig", "NetworkConfig", "LagConfig", "ThreadedConfig")
 
 
-def known_env_names() -> tuple[str, ...]:
-    """Names of the registered gymnax environments (imported lazily)."""
-    import gymnax
+ENV_FAMILIES = ("gymnax", "brax", "playground", "gymnasium")
+HOST_ENV_FAMILIES = ("gymnasium",)  # stepped on the host by each sampler thread: threaded mode only
+# The pip extra that installs each optional family and the module it provides.
+ENV_EXTRAS = {"brax": ("brax", "brax"), "playground": ("playground", "mujoco_playground"),
+              "gymnasium": ("gymnasium", "gymnasium")}
 
-    return tuple(gymnax.registered_envs)
+
+def split_env_name(name: str) -> tuple[str, str]:
+    """`"brax/ant"` -> `("brax", "ant")`; a name without a known prefix is gymnax's."""
+    family, sep, task = name.partition("/")
+    if sep and family in ENV_EXTRAS:
+        return family, task
+    return "gymnax", name
+
+
+def require_env_family(family: str, field_name: str = "env") -> None:
+    """ConfigError naming the pip extra when an optional env family is not installed."""
+    if family not in ENV_EXTRAS:
+        return
+    import importlib.util
+
+    extra, module = ENV_EXTRAS[family]
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"{field_name} names a {family} environment, but {module!r} is not installed: "
+            f"pip install -e \".[{extra}]\" (or \".[dev]\", which installs every env family)"
+        )
+
+
+def known_env_names(family: str = "gymnax") -> tuple[str, ...]:
+    """Names a family registers (imported lazily; optional families must be installed)."""
+    if family == "gymnax":
+        import gymnax
+
+        return tuple(gymnax.registered_envs)
+    require_env_family(family)
+    if family == "brax":
+        from brax import envs as brax_envs
+
+        return tuple(sorted(brax_envs._envs))  # brax's registry (no public accessor in 0.14)
+    if family == "playground":
+        from mujoco_playground import registry
+
+        return tuple(registry.dm_control_suite.ALL_ENVS)
+    import gymnasium
+
+    return tuple(sorted(gymnasium.envs.registry))
 
 
 def check_env_name(name: str, field_name: str = "env") -> None:
-    """Raises ConfigError listing the known environments when `name` is not one of them."""
-    known = known_env_names()
-    if name not in known:
+    """Raises ConfigError listing the known environments of the name's family when `name`
+    is not one of them (and naming the extra to install when the family is missing)."""
+    family, task = split_env_name(name)
+    require_env_family(family, field_name)
+    known = known_env_names(family)
+    if task not in known:
+        prefix = "" if family == "gymnax" else f"{family}/"
+        families = "gymnax names as they are; brax/<name>, playground/<name>, gymnasium/<id>"
         raise ConfigError(
-            f"{field_name} = {name!r} is not a known gymnax environment; known: {', '.join(known)}"
+            f"{field_name} = {name!r} is not a known {family} environment; known: "
+            f"{', '.join(prefix + k for k in known)} (env families: {families})"
         )
 
 
@@ -433,11 +481,47 @@ class ThreadedConfig:
 
 
 @dataclass(frozen=True)
+class EnvOptions:
+    """Options of the physics-simulator env families (brax/*, playground/*); for gymnax and
+    gymnasium envs they must stay unset (they would do nothing)."""
+
+    backend: str | None = None
+    """Physics backend: for brax/* one of generalized, positional, spring, mjx (None = the env's CPU-friendly default, see README); for playground/* jax or warp (None = jax)."""
+    episode_length: int | None = None
+    """Time limit in env steps for brax/* and playground/* (a truncation, bootstrapped); None = 1000 for brax, the task's own for playground."""
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "env_options.")
+        if self.backend is not None and (not isinstance(self.backend, str) or not self.backend):
+            _fail("env_options.backend", self.backend, "must be a backend name or None")
+        if self.episode_length is not None:
+            _check_int("env_options.episode_length", self.episode_length, 1)
+
+
+BRAX_BACKENDS = ("generalized", "positional", "spring", "mjx")
+PLAYGROUND_BACKENDS = ("jax", "warp")
+
+
+def check_env_options(config: "Config") -> None:
+    """ConfigError for an env option the env's family does not read, or a backend it lacks."""
+    family, _ = split_env_name(config.env)
+    opts = config.env_options
+    if family not in ("brax", "playground"):
+        for name in _changed(opts, EnvOptions()):
+            _inert(f"env_options.{name}", getattr(opts, name),
+                   f"env options act only on brax/* and playground/* envs, not on {family} env {config.env!r}")
+        return
+    allowed = BRAX_BACKENDS if family == "brax" else PLAYGROUND_BACKENDS
+    if opts.backend is not None and opts.backend not in allowed:
+        _fail("env_options.backend", opts.backend, f"must be one of {allowed} for {family} envs (or None)")
+
+
+@dataclass(frozen=True)
 class Config:
     """One training run: which env, which execution mode, how long, and every section."""
 
     env: str = "Pendulum-v1"
-    """gymnax environment name (e.g. Pendulum-v1, CartPole-v1)."""
+    """Environment: a gymnax name (Pendulum-v1, CartPole-v1), brax/<name> (brax/inverted_pendulum, needs the [brax] extra), playground/<name> (playground/CartpoleBalance, [playground]) or gymnasium/<id> (gymnasium/HalfCheetah-v5, [gymnasium]; threaded mode only)."""
     mode: Literal["sync", "simulated", "threaded"] = "sync"
     """Execution mode: sync (strict on-policy), simulated (emulated samplers with a controlled lag schedule) or threaded (real sampler threads; the lag emerges from timing)."""
     seed: int = 0
@@ -462,6 +546,7 @@ class Config:
     """Learner iterations per metrics row: a row aggregates the iterations since the previous one (means, maxima, summed histograms and counts, the last counters; `ppo_async.aggregate`), in metrics.jsonl, TensorBoard, W&B and TrainResult.metrics alike. The non-finite checks, the sample accounting and the warnings still run every iteration."""
     overwrite: bool = False
     """Replace a run already in run_dir (its metrics, checkpoints, schedules and plots); without it a run_dir holding a run is refused (resume it instead)."""
+    env_options: EnvOptions = field(default_factory=EnvOptions)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -471,10 +556,14 @@ class Config:
     def __post_init__(self) -> None:
         check_field_types(self)
         if not isinstance(self.env, str):
-            _fail("env", self.env, "must be a gymnax environment name")
+            _fail("env", self.env, "must be an environment name")
         check_env_name(self.env)
         if self.mode not in MODES:
             _fail("mode", self.mode, f"must be one of {MODES}")
+        if split_env_name(self.env)[0] in HOST_ENV_FAMILIES and self.mode != "threaded":
+            _fail("mode", self.mode,
+                  f"must be 'threaded' for the host-side env {self.env!r} (its simulator steps on each sampler "
+                  "thread's host, outside jit; sync and simulated modes need a JAX env: gymnax, brax/* or playground/*)")
         _check_int("seed", self.seed, 0)
         _check_int("num_seeds", self.num_seeds, 1)
         _check_int("total_env_steps", self.total_env_steps, 1)
@@ -489,7 +578,7 @@ class Config:
                   f"must be a multiple of log_every = {self.log_every} (a checkpoint closes a metrics row, so a resumed run continues its rows exactly)")
         if self.wandb_project is not None and (not isinstance(self.wandb_project, str) or not self.wandb_project.strip()):
             _fail("wandb_project", self.wandb_project, "must be a non-empty project name or None")
-        for name, cls in (("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig)):
+        for name, cls in (("env_options", EnvOptions), ("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig)):
             if not isinstance(getattr(self, name), cls):
                 _fail(name, getattr(self, name), f"must be a {cls.__name__}")
         if self.batch_size % self.ppo.num_minibatches != 0:
@@ -599,6 +688,7 @@ def check_fields_apply(config: "Config") -> None:
     `ppo.prox_ewma` need objective='decoupled'; checkpoint_every,
     keep_checkpoints and overwrite need a run_dir.
     """
+    check_env_options(config)
     lag, default_lag = config.lag, LagConfig()
     for name in _changed(lag, default_lag):
         if name in LAG_FILTER_FIELDS or (name == "num_samplers" and lag.num_samplers == 1):  # 1 = the default's meaning
@@ -636,7 +726,7 @@ def check_fields_apply(config: "Config") -> None:
                 _inert(name, getattr(config, name), "there is no run_dir to write checkpoints into")
 
 
-_SECTIONS = {"rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig, "lag": LagConfig, "threaded": ThreadedConfig}
+_SECTIONS = {"env_options": EnvOptions, "rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig, "lag": LagConfig, "threaded": ThreadedConfig}
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

@@ -1,8 +1,11 @@
-"""gymnax environments by name, vectorised reset/step with episode statistics, and
-running observation normalisation.
+"""Environments by name, vectorised reset/step with episode statistics, and running
+observation normalisation.
 
-Pure functions over `EnvState` (N envs); `Env` bundles a gymnax env with its params and
-a description of its spaces. Every env in a batch gets its own PRNG key, derived from the
+Pure functions over `EnvState` (N envs); `Env` bundles a gymnax-style env with its params
+and a description of its spaces. Names choose the family by prefix: gymnax names as they
+are, `brax/<name>` and `playground/<name>` (wrapped by `jax_envs.PhysicsEnv` behind the same
+gymnax interface, so every mode runs them inside the jitted rollout), and `gymnasium/<id>`
+(host-side simulators stepped by each sampler thread: `host_envs`, threaded mode only). Every env in a batch gets its own PRNG key, derived from the
 caller's key, so seeds are distinct and reproducible.
 """
 
@@ -16,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.config import ConfigError, check_env_name
+from ppo_async import jax_envs
+from ppo_async.config import ConfigError, EnvOptions, check_env_name, split_env_name
 from ppo_async.types import EnvState, RunningMeanStd
 
 
@@ -25,8 +29,9 @@ class Env:
     """A gymnax environment, its params and the facts the networks need.
 
     Attributes:
-      name: registered gymnax name.
-      env: the gymnax environment object.
+      name: the env name as configured (e.g. "Pendulum-v1", "brax/hopper").
+      env: the gymnax(-style) environment object (`jax_envs.PhysicsEnv` for brax and
+        playground, `host_envs.HostEnvSpec` for gymnasium, which has no jittable step).
       params: its `EnvParams`.
       obs_shape: observation shape `O...`.
       discrete: True for a categorical action space.
@@ -52,9 +57,33 @@ class Env:
         return isinstance(other, Env) and (self.name, self.params) == (other.name, other.params)
 
 
-def make_env(name: str) -> Env:
-    """Builds a gymnax env by registered name; unknown names raise ConfigError listing the known ones."""
+    @property
+    def family(self) -> str:
+        """"gymnax", "brax", "playground" or "gymnasium"."""
+        return split_env_name(self.name)[0]
+
+    @property
+    def host_side(self) -> bool:
+        """True for envs stepped on the host (gymnasium), outside any jitted program."""
+        return self.family == "gymnasium"
+
+
+def make_env(name: str, options: EnvOptions | None = None) -> Env:
+    """Builds an env by name (family by prefix, see the module docstring) with its options.
+
+    Unknown names raise ConfigError listing the known ones; a missing optional family names
+    the pip extra to install.
+    """
     check_env_name(name)
+    options = options or EnvOptions()
+    family, task = split_env_name(name)
+    if family in ("brax", "playground"):
+        build = jax_envs.make_brax if family == "brax" else jax_envs.make_playground
+        sim, params = build(task, options.backend, options.episode_length)
+        shape = (sim.action_size,)
+        return Env(name, sim, params, (sim.obs_size,), False, 0, shape, sim.action_low, sim.action_high)
+    if family == "gymnasium":
+        return _gymnasium_env(name, task)
     import gymnax
     from gymnax.environments import spaces
 
@@ -68,6 +97,49 @@ def make_env(name: str) -> Env:
         low = np.broadcast_to(np.asarray(space.low, np.float32), shape).copy()
         high = np.broadcast_to(np.asarray(space.high, np.float32), shape).copy()
         return Env(name, env, params, obs_shape, False, 0, shape, low, high)
+    raise ConfigError(f"env = {name!r}: action space {type(space).__name__} is not supported")
+
+
+@dataclass(frozen=True)
+class GymnasiumSpec:
+    """What identifies a host-side Gymnasium env: its registered id (each sampler thread
+    builds its own vector env from it, `host_envs`).
+
+    Attributes:
+      env_id: the Gymnasium id (e.g. "HalfCheetah-v5").
+      max_steps_in_episode: its registered time limit (`max_episode_steps`), 1000 if none.
+    """
+
+    env_id: str
+    max_steps_in_episode: int
+
+
+def _gymnasium_env(name: str, env_id: str) -> Env:
+    """An `Env` describing Gymnasium env `env_id` (one instance is made to read its spaces)."""
+    import gymnasium
+    from gymnasium import spaces
+
+    try:
+        probe = gymnasium.make(env_id)
+    except Exception as exc:  # noqa: BLE001 - a registered id whose simulator is missing (mujoco)
+        raise ConfigError(f"env = {name!r} could not be made: {type(exc).__name__}: {exc} "
+                          "(MuJoCo tasks need the [gymnasium] extra: gymnasium[mujoco])") from exc
+    try:
+        obs_space, space = probe.observation_space, probe.action_space
+        limit = probe.spec.max_episode_steps if probe.spec is not None else None
+    finally:
+        probe.close()
+    if not isinstance(obs_space, spaces.Box):
+        raise ConfigError(f"env = {name!r}: observation space {type(obs_space).__name__} is not supported (only Box)")
+    spec = GymnasiumSpec(env_id, int(limit or 1000))
+    obs_shape = tuple(obs_space.shape)
+    if isinstance(space, spaces.Discrete):
+        return Env(name, spec, spec, obs_shape, True, int(space.n), (), None, None)
+    if isinstance(space, spaces.Box):
+        shape = tuple(space.shape) if space.shape else (1,)
+        low = np.broadcast_to(np.asarray(space.low, np.float32), shape).copy()
+        high = np.broadcast_to(np.asarray(space.high, np.float32), shape).copy()
+        return Env(name, spec, spec, obs_shape, False, 0, shape, low, high)
     raise ConfigError(f"env = {name!r}: action space {type(space).__name__} is not supported")
 
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async import envs
+from ppo_async import envs, host_envs
 from ppo_async.config import Config, ConfigError
 from ppo_async.envs import Env
 from ppo_async.networks import ActorCritic, make_actor_critic, mode_action, sample_action
@@ -63,7 +63,7 @@ class Policy:
         """
         check_seed_index(config, seed_index)
         state = jax.tree.map(lambda x: x[seed_index], train_state)
-        env = envs.make_env(config.env)
+        env = envs.make_env(config.env, config.env_options)
         return cls(
             config=config,
             env=env,
@@ -103,6 +103,8 @@ def episodes_program(policy: Policy, num_episodes: int, deterministic: bool = Tr
     if not isinstance(num_episodes, int) or isinstance(num_episodes, bool) or num_episodes < 1:
         raise ConfigError(f"num_episodes = {num_episodes!r} is invalid: must be an integer >= 1")
     env = policy.env
+    if env.host_side:  # Gymnasium: stepped on the host, not jittable
+        return host_envs.host_episodes_program(policy, num_episodes, deterministic, max_steps)
     if max_steps is None:
         max_steps = int(getattr(env.params, "max_steps_in_episode", 1000))
     clip = policy.config.rollout.clip_actions

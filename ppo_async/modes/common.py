@@ -47,7 +47,7 @@ def make_contexts(
     config: Config, lag_buckets: int = 1, axis_name: str | None = None
 ) -> tuple[envs.Env, RolloutContext, LearnerContext]:
     """Env, rollout context and learner context of a config."""
-    env = envs.make_env(config.env)
+    env = envs.make_env(config.env, config.env_options)
     network = make_actor_critic(env, config.network)
     rollout_ctx = RolloutContext(env=env, network=network, config=config.rollout)
     learner_ctx = learner.make_learner_context(config, network, lag_buckets=lag_buckets, axis_name=axis_name)

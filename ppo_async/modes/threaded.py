@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from ppo_async import envs, learner
+from ppo_async import envs, host_envs, learner
 from ppo_async.buffer import RingBuffer
 from ppo_async.config import Config, ConfigError, config_to_dict
 from ppo_async.lag import must_force_refresh, schedule_record, should_refresh
@@ -635,11 +635,17 @@ def threaded_programs(config: Config, placement: Placement, lag_buckets: int) ->
         return _PROGRAMS[key]
     _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets)
     update, place_state, place_trajectory = make_learner_update(config, placement, lag_buckets)
-    num_envs = config.rollout.num_envs
+    num_envs, env = config.rollout.num_envs, rollout_ctx.env
+    if env.host_side:  # Gymnasium: each sampler steps its own vector env on the host
+        rollout_fn: Callable = host_envs.HostRollout(rollout_ctx)
+        reset: Callable = lambda k: host_envs.HostVectorEnv(env.env, num_envs, host_envs.seed_of(k))  # noqa: E731
+    else:
+        rollout_fn = jax.jit(lambda snap, es, k: rollout(rollout_ctx, snap, es, k))
+        reset = jax.jit(lambda k: envs.reset_envs(env, k, num_envs))
     programs = ThreadedPrograms(
-        init=jax.jit(lambda k: learner.init_train_state(learner_ctx, k, rollout_ctx.env.obs_shape)),
-        rollout_fn=jax.jit(lambda snap, es, k: rollout(rollout_ctx, snap, es, k)),
-        reset=jax.jit(lambda k: envs.reset_envs(rollout_ctx.env, k, num_envs)),
+        init=jax.jit(lambda k: learner.init_train_state(learner_ctx, k, env.obs_shape)),
+        rollout_fn=rollout_fn,
+        reset=reset,
         update=update, place_state=place_state, place_trajectory=place_trajectory,
         merge=jax.jit(concat_trajectories),
     )
@@ -702,16 +708,26 @@ def make_threaded_setup(config: Config) -> ThreadedSetup:
     train_state = place_state(programs.init(param_key))
     hparams, run_key = place_state(hyperparams_from_config(config)), place_state(run_key)
     devices = placement.sampler_devices
-    env_states = [jax.device_put(programs.reset(sampler_env_key(env_key, s)), devices[s]) for s in range(tcfg.num_samplers)]
+    host_side = isinstance(programs.rollout_fn, host_envs.HostRollout)
     keys = jax.random.split(jax.random.fold_in(run_key, 1), tcfg.num_samplers)
     sampler_keys = [jax.device_put(k, devices[s]) for s, k in enumerate(keys)]
-    chunk_like = jax.eval_shape(programs.rollout_fn, snapshot_of(train_state), env_states[0], sampler_keys[0])[1]
+    if host_side:
+        chunk_like = programs.rollout_fn.trajectory_like(snapshot_of(train_state))
+    else:
+        env_states = [jax.device_put(programs.reset(sampler_env_key(env_key, s)), devices[s]) for s in range(tcfg.num_samplers)]
+        chunk_like = jax.eval_shape(programs.rollout_fn, snapshot_of(train_state), env_states[0], sampler_keys[0])[1]
     memory = device_memory_report(chunk_like, snapshot_of(train_state)[:2], config.buffer_capacity_chunks, placement.buffer_device)
     check_buffer_fits(config, memory)  # before compiling the rollout and the update
     example = None
     for device in dict.fromkeys(devices):  # compile the rollout once per sampler device
         s = devices.index(device)
-        _, example = programs.rollout_fn(jax.device_put(snapshot_of(train_state), device), env_states[s], sampler_keys[s])
+        snapshot = jax.device_put(snapshot_of(train_state), device)
+        if host_side:  # compiles the policy step and the assembly; steps no env
+            example = programs.rollout_fn.warm_up(snapshot)
+        else:
+            _, example = programs.rollout_fn(snapshot, env_states[s], sampler_keys[s])
+    if host_side:  # the simulators, last: nothing above can leave them open on an error
+        env_states = [programs.reset(sampler_env_key(env_key, s)) for s in range(tcfg.num_samplers)]
     setup = ThreadedSetup(
         config=config, placement=placement, rollout_fn=programs.rollout_fn, update=programs.update,
         place_trajectory=programs.place_trajectory, merge=programs.merge, train_state=train_state,
@@ -758,6 +774,14 @@ def stop_threads(shared: RunShared, threads: Sequence[threading.Thread]) -> None
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     for thread in threads:
         thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+
+
+def close_host_envs(setup: ThreadedSetup, threads: Sequence[threading.Thread]) -> None:
+    """Closes the samplers' host-side simulators (Gymnasium); a sampler thread still running
+    after the join timeout keeps its own, which the process exit closes."""
+    for state, thread in zip(setup.env_states, threads):
+        if isinstance(state, host_envs.HostVectorEnv) and not thread.is_alive():
+            state.close()
 
 
 def watch(shared: RunShared, learner_thread: threading.Thread, outputs: queue.Queue, log: Callable) -> bool:
@@ -845,6 +869,7 @@ def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) ->
             interrupted = watch(shared, threads[-1], outputs, log)
         finally:
             stop_threads(shared, threads)
+            close_host_envs(setup, threads)
         if not shared.errors:
             while not outputs.empty():  # rows finished before the stop still count
                 log(outputs.get_nowait())

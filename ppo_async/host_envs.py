@@ -1,0 +1,218 @@
+"""Host-side simulators (Gymnasium) stepped by each sampler thread, producing the same
+`Trajectory` as the jitted rollout.
+
+A threaded sampler on a `gymnasium/<id>` env owns a `HostVectorEnv`: its own Gymnasium
+vector env (`SyncVectorEnv`, same-step auto-reset), its own seeds and episode accumulators.
+`HostRollout` is what the sampler calls in place of the jitted rollout,
+`(snapshot, env_state, key) -> (env_state, Trajectory)`: per step one jitted policy call on
+the sampler's device (`act`: normalise, sample, log-prob, distribution parameters) and one
+host step of the simulator; after T steps one jitted `assemble` builds the `Trajectory`
+(normalised observations, behaviour log-probs and distributions, `policy_version`, the
+observation reached at a time limit for bootstrapping, episode statistics, observation
+moments, non-finite count) exactly as `rollout.rollout` does for JAX envs. The simulator's
+own speed is the sampler's latency; `threaded.sampler_step_latency_ms` still adds to it.
+
+Only this module touches Gymnasium objects; everything downstream (buffer, learner, lag
+metrics, forced refresh, barrier) is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppo_async import envs, networks
+from ppo_async.rollout import RolloutContext
+from ppo_async.types import PolicySnapshot, RolloutStats, Trajectory, Transition
+
+
+def seed_of(key: chex.PRNGKey) -> int:
+    """A Gymnasium seed (int in [0, 2**31 - 1)) drawn from a JAX key (one per sampler)."""
+    return int(jax.random.randint(key, (), 0, 2**31 - 1))
+
+
+class HostVectorEnv:
+    """One sampler's Gymnasium vector env and the running episode accumulators.
+
+    Mutable and owned by one sampler thread. Env i of a sampler is seeded `seed + i`
+    (Gymnasium's vector reset), so samplers with different seeds step different episodes.
+
+    Attributes:
+      vec: `gymnasium.vector.SyncVectorEnv` with same-step auto-reset.
+      obs: `[N, O...]` float32 raw observation to act on next.
+      episode_return, episode_length: `[N]` of the running episodes.
+    """
+
+    def __init__(self, spec: envs.GymnasiumSpec, num_envs: int, seed: int) -> None:
+        import gymnasium
+        from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+        self.spec = spec
+        self.vec = SyncVectorEnv([lambda: gymnasium.make(spec.env_id) for _ in range(num_envs)],
+                                 autoreset_mode=AutoresetMode.SAME_STEP)
+        obs, _ = self.vec.reset(seed=seed)
+        self.obs = np.asarray(obs, np.float32)
+        self.episode_return = np.zeros((num_envs,), np.float64)
+        self.episode_length = np.zeros((num_envs,), np.int64)
+
+    @property
+    def num_envs(self) -> int:
+        return self.obs.shape[0]
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Steps every env; returns `(reward, terminated, truncated, final_obs, finished_return,
+        finished_length)`, each `[N, ...]` (final_obs: the observation reached, before any reset)."""
+        obs, reward, terminated, truncated, info = self.vec.step(action)
+        obs = np.asarray(obs, np.float32)
+        reward = np.asarray(reward, np.float32).reshape(self.num_envs)
+        terminated = np.asarray(terminated, bool).reshape(self.num_envs)
+        truncated = np.asarray(truncated, bool).reshape(self.num_envs) & ~terminated
+        done = terminated | truncated
+        final_obs = obs.copy()
+        if done.any():
+            mask = np.asarray(info.get("_final_obs", done), bool)
+            for i in np.flatnonzero(mask):
+                final_obs[i] = np.asarray(info["final_obs"][i], np.float32)
+        self.episode_return += reward
+        self.episode_length += 1
+        finished_return = np.where(done, self.episode_return, 0.0).astype(np.float32)
+        finished_length = np.where(done, self.episode_length, 0).astype(np.int32)
+        self.episode_return[done] = 0.0
+        self.episode_length[done] = 0
+        self.obs = obs
+        return reward, terminated, truncated, final_obs, finished_return, finished_length
+
+    def close(self) -> None:
+        self.vec.close()
+
+
+def act(ctx: RolloutContext, snapshot: PolicySnapshot, raw_obs: chex.Array, key: chex.PRNGKey) -> tuple[Any, ...]:
+    """The behaviour policy on raw observations `[N, O...]`: `(action [N, A] or [N],
+    behavior_log_prob [N], behavior_dist)` (the action unclipped, as stored)."""
+    dist, _ = ctx.network.apply(snapshot.params, ctx.policy_input(snapshot, raw_obs))
+    action = networks.sample_action(key, dist)
+    return action, networks.log_prob(dist, action), dist
+
+
+def assemble(
+    ctx: RolloutContext, snapshot: PolicySnapshot, raw_obs: chex.Array, action: chex.Array,
+    behavior_log_prob: chex.Array, behavior_dist: Any, reward: chex.Array, terminated: chex.Array,
+    truncated: chex.Array, final_obs: chex.Array, last_obs: chex.Array, finished_return: chex.Array,
+    finished_length: chex.Array,
+) -> Trajectory:
+    """The `Trajectory` of T host steps (pure; the same fields as `rollout.rollout`).
+
+    Args: raw observations acted on `[T, N, O...]`, actions `[T, N, ...]`, behaviour log-probs
+    `[T, N]` and distributions (leaves `[T, N, ...]`), rewards / flags `[T, N]`, the raw
+    observations reached `[T, N, O...]`, the raw observation after the last step `[N, O...]`,
+    finished-episode returns and lengths `[T, N]` (0 where none ended).
+    """
+    num_steps, num_envs = reward.shape
+    transitions = Transition(
+        obs=ctx.policy_input(snapshot, raw_obs),
+        action=action,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+        final_obs=ctx.policy_input(snapshot, final_obs),
+        behavior_log_prob=behavior_log_prob,
+        behavior_dist=behavior_dist,
+        policy_version=jnp.full((num_steps, num_envs), snapshot.version, jnp.int32),
+    )
+    nonfinite = jnp.sum(~jnp.isfinite(reward)) + jnp.sum(~jnp.isfinite(raw_obs))
+    stats = RolloutStats(
+        episode_return_sum=jnp.sum(finished_return),
+        episode_length_sum=jnp.sum(finished_length).astype(jnp.float32),
+        episode_count=jnp.sum(finished_length > 0).astype(jnp.float32),
+        obs_moments=envs.batch_moments(raw_obs, len(ctx.env.obs_shape)),
+        nonfinite_count=nonfinite.astype(jnp.int32),
+    )
+    return Trajectory(transitions=transitions, last_obs=ctx.policy_input(snapshot, last_obs), stats=stats)
+
+
+@dataclass(frozen=True)
+class HostRollout:
+    """A sampler's rollout on a host-side env: `(snapshot, HostVectorEnv, key) -> (same env,
+    Trajectory on the snapshot's device)`. Thread-safe: it holds only jitted functions."""
+
+    ctx: RolloutContext
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_act", jax.jit(lambda snap, obs, key: act(self.ctx, snap, obs, key)))
+        object.__setattr__(self, "_assemble", jax.jit(lambda snap, *arrays: assemble(self.ctx, snap, *arrays)))
+
+    def __call__(self, snapshot: PolicySnapshot, env: HostVectorEnv, key: chex.PRNGKey) -> tuple[HostVectorEnv, Trajectory]:
+        ctx, num_steps = self.ctx, self.ctx.config.num_steps
+        keys = np.asarray(jax.random.split(key, num_steps))  # one transfer, not one per step
+        steps: list[tuple[Any, ...]] = []
+        for t in range(num_steps):
+            raw_obs = env.obs
+            action, log_prob, dist = jax.device_get(self._act(snapshot, raw_obs, keys[t]))
+            env_action = np.asarray(envs.env_action(ctx.env, action, ctx.config.clip_actions)) \
+                if not ctx.env.discrete else action
+            steps.append((raw_obs, action, log_prob, dist, *env.step(env_action)))
+        stacked = [np.stack(column) if not isinstance(column[0], tuple) else jax.tree.map(lambda *x: np.stack(x), *column)
+                   for column in zip(*steps)]
+        raw_obs, action, log_prob, dist, reward, terminated, truncated, final_obs, fin_ret, fin_len = stacked
+        return env, self._assemble(snapshot, raw_obs, action, log_prob, dist, reward, terminated, truncated,
+                                   final_obs, env.obs, fin_ret, fin_len)
+
+    def _zeros(self, snapshot: PolicySnapshot) -> list[Any]:
+        """Arguments of `assemble` for one all-zero chunk (shapes only matter)."""
+        env, rc = self.ctx.env, self.ctx.config
+        t, n = rc.num_steps, rc.num_envs
+        obs = np.zeros((n, *env.obs_shape), np.float32)
+        action, log_prob, dist = jax.eval_shape(self._act, snapshot, obs, jax.random.PRNGKey(0))
+        over_t = lambda s: np.zeros((t, *s.shape), s.dtype)  # noqa: E731
+        flags = np.zeros((t, n), bool)
+        return [np.zeros((t, *obs.shape), np.float32), over_t(action), over_t(log_prob), jax.tree.map(over_t, dist),
+                np.zeros((t, n), np.float32), flags, flags, np.zeros((t, *obs.shape), np.float32), obs,
+                np.zeros((t, n), np.float32), np.zeros((t, n), np.int32)]
+
+    def trajectory_like(self, snapshot: PolicySnapshot) -> Trajectory:
+        """ShapeDtypeStructs of one chunk (for sizing the ring buffer)."""
+        return jax.eval_shape(self._assemble, snapshot, *self._zeros(snapshot))
+
+    def warm_up(self, snapshot: PolicySnapshot) -> Trajectory:
+        """Compiles `act` and `assemble` for the snapshot's device without stepping any env;
+        returns an all-zero chunk there (the ring buffer's example)."""
+        zeros = self._zeros(snapshot)
+        jax.block_until_ready(self._act(snapshot, zeros[-3], jax.random.PRNGKey(0)))
+        return self._assemble(snapshot, *zeros)
+
+
+def host_episodes_program(policy: Any, num_episodes: int, deterministic: bool, max_steps: int | None) -> Any:
+    """`policy.episodes_program` for a host-side env: a `(params, obs_stats, seed) -> (returns
+    [E], lengths [E])` that plays `num_episodes` Gymnasium episodes (one vector env, env i
+    seeded `seed + i`), each until its first done or `max_steps` (default: the time limit)."""
+    spec = policy.env.env
+    limit = spec.max_steps_in_episode if max_steps is None else int(max_steps)
+
+    def play(params: Any, obs_stats: Any, seed: Any) -> tuple[np.ndarray, np.ndarray]:
+        env = HostVectorEnv(spec, num_episodes, int(seed))
+        try:
+            returns = np.zeros((num_episodes,), np.float64)
+            lengths = np.zeros((num_episodes,), np.int64)
+            alive = np.ones((num_episodes,), bool)
+            key = jax.random.PRNGKey(int(seed))
+            for _ in range(limit):
+                key, act_key = jax.random.split(key)
+                action = np.asarray(policy._act(params, obs_stats, env.obs, None if deterministic else act_key))
+                env_action = action if policy.env.discrete else np.asarray(
+                    envs.env_action(policy.env, action, policy.config.rollout.clip_actions))
+                reward, terminated, truncated, *_ = env.step(env_action)
+                returns += np.where(alive, reward, 0.0)
+                lengths += alive
+                alive &= ~(terminated | truncated)
+                if not alive.any():
+                    break
+        finally:
+            env.close()
+        return returns.astype(np.float32), lengths.astype(np.int32)
+
+    return play
