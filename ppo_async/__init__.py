@@ -5,6 +5,7 @@ from ppo_async.analysis import lag_histogram_of, per_sampler, summarize
 from ppo_async.config import (
     Config,
     ConfigError,
+    EnvOptions,
     LagConfig,
     NetworkConfig,
     PPOConfig,
@@ -20,6 +21,7 @@ from ppo_async.networks import ActorCritic, make_actor_critic
 from ppo_async.lag import LagSchedule, make_schedule, read_schedule, write_schedule
 from ppo_async.sweep import load_sweep, save_sweep, sweep
 from ppo_async.policy import Policy, evaluate
+from ppo_async.presets import config_for_env, preset_for
 from ppo_async.recorder import RunRecorder
 from ppo_async.registry import Mode, get_mode, register_mode
 from ppo_async.result import TrainResult
@@ -47,6 +49,9 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "evaluate",
+    "EnvOptions",
+    "config_for_env",
+    "preset_for",
     "get_mode",
     "lag_histogram_of",
     "load",

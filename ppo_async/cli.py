@@ -101,14 +101,17 @@ RESUME_HELP = (
 
 @dataclasses.dataclass(frozen=True)
 class TrainArgs:
-    """Train PPO on a gymnax environment. `--config FILE` (JSON/YAML) sets the base config;
-    flags override it. Writes RUN_DIR/config.json and RUN_DIR/metrics.jsonl."""
+    """Train PPO on an environment (gymnax, brax/*, playground/*, gymnasium/*). `--config FILE`
+    (JSON/YAML) sets the base config; flags override it; the env's preset (README) fills the
+    fields neither sets. Writes RUN_DIR/config.json and RUN_DIR/metrics.jsonl."""
 
     cfg: "Config"
     quiet: bool = False
     """No progress bar or start line; the one-line summary is still printed."""
     config: str | None = None
     """JSON or YAML file with a (partial, nested) config; command-line flags override it."""
+    preset: dict | None = None
+    """The env preset's fields applied (dotted field -> value), those neither the file nor a flag set."""
 
 
 def _load_config_file(path: str) -> dict:
@@ -193,13 +196,32 @@ def parse_train_args(argv: Sequence[str]) -> TrainArgs:
     Without `--run-dir` (here or in `--config`) the run goes to `default_run_dir(env, mode)`.
     `--help` prints every option and raises SystemExit(0) (tyro).
     """
-    import tyro
-
-    from ppo_async.config import Config, config_from_dict
+    from ppo_async import presets
+    from ppo_async.config import Config, config_from_dict, get_path, replace_paths
 
     args = list(argv)
     config_path = _pop_option(args, "--config")
-    base = config_from_dict(_load_config_file(config_path)) if config_path else Config()
+    file_data = _load_config_file(config_path) if config_path else {}
+    base = config_from_dict(file_data) if config_path else Config()
+    parsed = _tyro_parse(args, base, config_path)
+    # The env's preset fills what neither the file nor a flag set: parsing again on a base
+    # with the preset applied keeps every flag (a flag overrides its default either way).
+    applied = presets.preset_changes(parsed.cfg.env, file_data)
+    if applied:
+        parsed = _tyro_parse(args, replace_paths(base, {"env": parsed.cfg.env, **applied}), config_path)
+    cfg = parsed.cfg
+    applied = {path: get_path(cfg, path) for path in applied if get_path(cfg, path) == applied[path]}
+    run_dir = cfg.run_dir if cfg.run_dir not in (None, CLI_RUN_DIR) else default_run_dir(cfg.env, cfg.mode)
+    config = Config(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)}, "run_dir": run_dir})
+    return TrainArgs(cfg=config, quiet=parsed.quiet, config=config_path, preset=applied)
+
+
+def _tyro_parse(args: list[str], base: "Config", config_path: str | None) -> Any:
+    """tyro's parse of the train flags over the defaults of `base`."""
+    import tyro
+
+    from ppo_async.config import Config
+
     cli_type = _cli_config_type()
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Config)}
     default_cfg = cli_type(**{**values, "run_dir": base.run_dir or CLI_RUN_DIR})
@@ -216,17 +238,13 @@ def parse_train_args(argv: Sequence[str]) -> TrainArgs:
         frozen=True,
     )
     wrapper.__doc__ = TrainArgs.__doc__
-    parsed = tyro.cli(
+    return tyro.cli(
         wrapper,
         default=wrapper(cfg=default_cfg, quiet=False, config=config_path, resume=None),
         args=args,
         prog="python -m ppo_async train",
         description=TrainArgs.__doc__,
     )
-    cfg = parsed.cfg
-    run_dir = cfg.run_dir if cfg.run_dir not in (None, CLI_RUN_DIR) else default_run_dir(cfg.env, cfg.mode)
-    config = Config(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)}, "run_dir": run_dir})
-    return TrainArgs(cfg=config, quiet=parsed.quiet, config=config_path)
 
 
 def _resume_config(args: list[str], resume_dir: str) -> tuple["Config", bool]:
@@ -269,11 +287,12 @@ def run_train(argv: Sequence[str]) -> int:
         _pop_option(args, "--resume")
         parse_train_args(args)  # prints the help (with --config FILE's values) and raises SystemExit(0)
     resume_dir = _pop_option(args, "--resume")
+    preset: dict = {}
     if resume_dir is not None:
         config, quiet = _resume_config(args, resume_dir)
     else:
         parsed = parse_train_args(args)
-        config, quiet = parsed.cfg, parsed.quiet
+        config, quiet, preset = parsed.cfg, parsed.quiet, parsed.preset or {}
     if not quiet:
         print(
             f"ppo_async: {config.env}, mode={config.mode}, {config.num_seeds} seed(s) x "
@@ -281,9 +300,15 @@ def run_train(argv: Sequence[str]) -> int:
             + (" (resuming)" if resume_dir is not None else ""),
             flush=True,
         )
+        if preset:
+            from ppo_async.presets import describe
+
+            print(f"env preset for {config.env} (fields no flag or --config set): {describe(preset)}", flush=True)
     result = train(config, progress=not quiet, resume=resume_dir is not None)
     final = result.final_returns()
-    finals = ", ".join(f"{r:.1f}" for r in final) + (f" (mean {np.nanmean(final):.1f})" if len(final) > 1 else "")
+    finals = ", ".join("none ended" if np.isnan(r) else f"{r:.1f}" for r in final)
+    if len(final) > 1 and not np.all(np.isnan(final)):
+        finals += f" (mean {np.nanmean(final):.1f})"
     for message in result.extras.get("warnings", []):  # see ppo_async.health: even with --quiet
         print(f"warning: {message}", flush=True)
     if quiet:
