@@ -2,12 +2,17 @@
 
     python experiments/learning_curves.py --env Pendulum-v1 --num-seeds 5
     python experiments/learning_curves.py --env CartPole-v1 --num-seeds 5
+    # physics envs with their presets (README "Environments"), 3 seeds x 2M steps:
+    python experiments/learning_curves.py --env playground/CartpoleBalance --num-seeds 3 --total-env-steps 2000000
+    python experiments/learning_curves.py --env brax/inverted_pendulum --num-seeds 3 --total-env-steps 2000000
+    python experiments/learning_curves.py --env playground/CheetahRun --num-seeds 3 --total-env-steps 1000000
     # the peer's shape (64 envs x 128 steps, 4 epochs x 32 minibatches), 3 seeds x 1M steps:
     python experiments/learning_curves.py --env Pendulum-v1 --num-seeds 3 --total-env-steps 1000000 \
         --set rollout.num_envs=64 --set rollout.num_steps=128 --set ppo.num_epochs=4 \
         --set ppo.num_minibatches=32 --tag peer-shape
 
-All seeds train in one compile (vmap). "Steps to threshold" is the env-step count of the
+All seeds train in one compile (vmap). The env's preset (`ppo_async.presets`) fills every
+field `--set` does not. "Steps to threshold" is the env-step count of the
 first learner iteration whose mean return over the episodes finished in it reaches the
 threshold. Writes OUT/curves.csv, OUT/return_vs_steps.png, OUT/summary.json.
 """
@@ -30,14 +35,16 @@ import tyro
 import ppo_async as pa
 from ppo_async import analysis
 
-DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "CartPole-v1": 475.0, "Acrobot-v1": -100.0}
+DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "CartPole-v1": 475.0, "Acrobot-v1": -100.0,
+                      "playground/CartpoleBalance": 800.0, "brax/inverted_pendulum": 900.0,
+                      "playground/CheetahRun": 300.0}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclasses.dataclass
 class Args:
     env: str = "Pendulum-v1"
-    """gymnax environment."""
+    """Environment (gymnax name, brax/*, playground/*)."""
     num_seeds: int = 5
     """Seeds (trained together with vmap)."""
     seed: int = 0
@@ -94,10 +101,11 @@ def plot_curves(df, threshold: float, title: str, path: str) -> None:
 
 
 def main(args: Args) -> dict:
-    config = pa.Config(env=args.env, num_seeds=args.num_seeds, seed=args.seed, total_env_steps=args.total_env_steps)
+    changes = {"num_seeds": args.num_seeds, "seed": args.seed, "total_env_steps": args.total_env_steps}
     for item in args.set:
         key, _, value = item.partition("=")
-        config = pa.replace_path(config, key, parse_value(value))
+        changes[key] = parse_value(value)
+    config = pa.config_for_env(args.env, changes)
     threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLDS.get(args.env)
     if threshold is None:
         raise SystemExit(f"--threshold is required for {args.env}")

@@ -42,7 +42,7 @@ def assert_accounting(config: pa.Config, result: pa.TrainResult) -> None:
     for r in rows:
         assert r["samples_produced"] == r["samples_consumed"] + r["samples_dropped"] + r["samples_resident"]
         assert sum(r["lag_histogram"]) == config.batch_size
-        assert np.isfinite(r["approx_kl"]) and np.isfinite(r["loss"])
+        assert np.isfinite(r["approx_kl"]) and np.isfinite(r["policy_loss"])
 
 
 # --------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_playground_sync_run_learns_nothing_wrong_and_checkpoints(tmp_path):
     result = pa.train(config)
     rows = result.metrics
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
-    assert all(np.isfinite(r["loss"]) and r["samples_produced"] == 32 * r["iteration"] for r in rows)
+    assert all(np.isfinite(r["policy_loss"]) and r["samples_produced"] == 32 * r["iteration"] for r in rows)
     policy = pa.load(str(tmp_path / "run"))
     action = policy.act(np.zeros((3, 5), np.float32))
     assert action.shape == (3, 1)

@@ -11,6 +11,8 @@ before the next step consumes it).
 
 from __future__ import annotations
 
+import collections
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -21,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async import envs, learner
-from ppo_async.config import Config
+from ppo_async.config import Config, config_to_dict
 from ppo_async.learner import Hyperparams, LearnerContext
 from ppo_async.metrics import split_seeds
 from ppo_async.networks import make_actor_critic
@@ -129,17 +131,50 @@ def jitted_checkpoint_like(build: Callable[[Config], JittedProgram]) -> Callable
     return lambda config: jax.eval_shape(build(config).init, seed_keys(config))
 
 
+# Compiled programs of the jitted modes, kept across runs of one process: a sweep from code, a
+# notebook or a test suite re-running one shape pays tracing and lowering (1.6-2.1 s per
+# tiny run here, even with the persistent cache warm) once. Keyed by `jitted_program_key`.
+_JITTED: "collections.OrderedDict[str, tuple[Callable, Any]]" = collections.OrderedDict()
+_JITTED_KEPT = 8
+# Fields that shape no jitted program: the seed enters as the init's argument, the rest is host-side.
+_HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "eval_every",
+                     "eval_episodes", "log_every", "overwrite")
+
+
+def jitted_program_key(build: Callable, config: Config) -> str:
+    """A string equal for two configs exactly when `build` makes the same compiled program of
+    them: everything but the host-side fields and the traced hyperparameters (which enter as
+    arguments; for a `learner.STATIC_WHEN_SET` field only whether it is set)."""
+    data = config_to_dict(config)
+    for name in _HOST_ONLY_FIELDS:
+        data.pop(name)
+    return json.dumps([build.__module__, build.__qualname__, learner.without_traced_fields(data)], sort_keys=True)
+
+
+def clear_jitted_cache() -> None:
+    """Forgets the kept compiled programs of the jitted modes (e.g. after patching a function they traced)."""
+    _JITTED.clear()
+
+
 def run_jitted(
     build: Callable[[Config], JittedProgram], config: Config, recorder: RunRecorder, resume: bool = False
 ) -> TrainResult:
     """The host side of a jitted mode: init (or restore), compile, iterate, return the result."""
     t0 = time.perf_counter()
     program = build(config)
-    states = jax.jit(program.init)(seed_keys(config))
+    key = jitted_program_key(build, config)
+    init, compiled = _JITTED.get(key, (None, None))
+    if init is None:
+        init = jax.jit(program.init)
+    states = init(seed_keys(config))
     if resume:
         states = recorder.resume_from(states)
-    step = jax.jit(program.step, donate_argnums=(0,))
-    compiled = step.lower(states, *program.args).compile()
+    if compiled is None:
+        compiled = jax.jit(program.step, donate_argnums=(0,)).lower(states, *program.args).compile()
+        _JITTED[key] = (init, compiled)
+        while len(_JITTED) > _JITTED_KEPT:
+            _JITTED.popitem(last=False)
+    _JITTED.move_to_end(key)
     compile_seconds = time.perf_counter() - t0
     with recorder:
         if program.schedule_records is not None:

@@ -44,7 +44,7 @@ from ppo_async.config import Config, ConfigError, config_to_dict
 from ppo_async.lag import must_force_refresh, schedule_record, should_refresh
 from ppo_async.learner import LEARNER_AXIS, hyperparams_from_config
 from ppo_async.metrics import NonFiniteError, to_python
-from ppo_async.modes.common import make_contexts, rollout_metrics, sampler_env_key
+from ppo_async.modes.common import clear_jitted_cache, make_contexts, rollout_metrics, sampler_env_key
 from ppo_async.param_store import ParamStore
 from ppo_async.recorder import RunRecorder
 from ppo_async.registry import Mode, register_mode
@@ -622,8 +622,10 @@ _PROGRAMS: "collections.OrderedDict[str, ThreadedPrograms]" = collections.Ordere
 
 
 def clear_program_cache() -> None:
-    """Forgets every kept compiled program set (e.g. after patching a function they traced)."""
+    """Forgets every kept compiled program, of threaded and of jitted modes (e.g. after
+    patching a function they traced)."""
     _PROGRAMS.clear()
+    clear_jitted_cache()
 
 
 def threaded_programs(config: Config, placement: Placement, lag_buckets: int) -> ThreadedPrograms:

@@ -1,0 +1,49 @@
+"""The jitted modes keep compiled programs across runs of one process (`common._JITTED`):
+a repeat of a shape reuses its program and gives the same numbers; a different shape or
+static field compiles its own."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import ppo_async as pa
+from ppo_async.modes import common
+
+SMALL = dict(
+    total_env_steps=64 * 3,
+    rollout=pa.RolloutConfig(num_envs=4, num_steps=16),
+    ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2),
+    network=pa.NetworkConfig(actor_hidden=(8,), critic_hidden=(8,)),
+)
+
+
+def returns_of(result: pa.TrainResult) -> list:
+    return [(r["policy_loss"], r["approx_kl"]) for r in result.metrics]
+
+
+def test_a_repeated_shape_reuses_its_program_with_identical_results():
+    common.clear_jitted_cache()
+    first = pa.train(pa.Config(**SMALL))
+    assert len(common._JITTED) == 1
+    other_seed = pa.train(pa.Config(seed=3, **SMALL))  # the seed enters as an argument
+    lr = pa.train(pa.Config(**{**SMALL, "ppo": pa.PPOConfig(num_epochs=1, num_minibatches=2, learning_rate=1e-4)}))
+    assert len(common._JITTED) == 1  # the learning rate is traced
+    again = pa.train(pa.Config(**SMALL))
+    assert returns_of(again) == returns_of(first)
+    assert returns_of(other_seed) != returns_of(first) and returns_of(lr) != returns_of(first)
+    assert again.compile_seconds < first.compile_seconds
+    common.clear_jitted_cache()
+    fresh = pa.train(pa.Config(**SMALL))
+    assert returns_of(fresh) == returns_of(first)
+
+
+def test_static_fields_and_modes_get_their_own_program():
+    common.clear_jitted_cache()
+    pa.train(pa.Config(**SMALL))
+    pa.train(pa.Config(**{**SMALL, "ppo": pa.PPOConfig(num_epochs=2, num_minibatches=2)}))
+    pa.train(pa.Config(mode="simulated", **SMALL))
+    assert len(common._JITTED) == 3
+    keys = list(common._JITTED)
+    assert len(set(keys)) == 3 and any("simulated" in k for k in keys)
+    assert np.isfinite(pa.train(pa.Config(mode="simulated", **SMALL)).metrics[-1]["policy_loss"])
+    assert len(common._JITTED) == 3
