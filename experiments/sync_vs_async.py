@@ -99,7 +99,7 @@ CURVE_COLUMNS = (
 @dataclasses.dataclass
 class Args:
     env: str = "Pendulum-v1"
-    """gymnax environment."""
+    """Environment (gymnax, brax/*, playground/*, or gymnasium/* for the threaded variants only); its preset fills the PPO fields."""
     num_seeds: int = 5
     """Seeds per variant (threaded runs are one seed per run; simulated replays loop too)."""
     seed: int = 0
@@ -145,22 +145,20 @@ def threaded_config(args: Args, variant: str, seed: int) -> pa.Config:
     barrier = variant == "barrier"
     cpb = 1 if variant in ONE_CHUNK else args.num_samplers
     steps = args.num_steps * args.num_samplers if variant in ONE_CHUNK else args.num_steps
-    return pa.Config(
-        env=args.env,
-        mode="threaded",
-        seed=seed,
-        total_env_steps=args.total_env_steps,
-        rollout=pa.RolloutConfig(num_envs=args.num_envs, num_steps=steps),
-        ppo=pa.PPOConfig(objective="decoupled" if variant == "async_decoupled" else "ppo"),
-        threaded=pa.ThreadedConfig(
-            num_samplers=args.num_samplers,
-            barrier=barrier,
-            chunks_per_batch=cpb,
-            buffer_capacity=args.buffer_batches * cpb * args.num_envs * steps,  # transitions
-            sampler_step_latency_ms=args.latency_ms,
-            latency_jitter=args.latency_jitter,
-        ),
-    )
+    return pa.config_for_env(args.env, {  # the env's preset (README) fills the fields not set here
+        "mode": "threaded",
+        "seed": seed,
+        "total_env_steps": args.total_env_steps,
+        "rollout.num_envs": args.num_envs,
+        "rollout.num_steps": steps,
+        "ppo.objective": "decoupled" if variant == "async_decoupled" else "ppo",
+        "threaded.num_samplers": args.num_samplers,
+        "threaded.barrier": barrier,
+        "threaded.chunks_per_batch": cpb,
+        "threaded.buffer_capacity": args.buffer_batches * cpb * args.num_envs * steps,  # transitions
+        "threaded.sampler_step_latency_ms": args.latency_ms,
+        "threaded.latency_jitter": args.latency_jitter,
+    })
 
 
 def simulated_config(args: Args, seed: int, replay_path: str | None, num_seeds: int = 1) -> pa.Config:
@@ -169,15 +167,14 @@ def simulated_config(args: Args, seed: int, replay_path: str | None, num_seeds: 
         if replay_path
         else pa.LagConfig(schedule="fixed", K=0, num_samplers=args.num_samplers)
     )
-    return pa.Config(
-        env=args.env,
-        mode="simulated",
-        seed=seed,
-        num_seeds=num_seeds,
-        total_env_steps=args.total_env_steps,
-        rollout=pa.RolloutConfig(num_envs=args.num_envs, num_steps=args.num_steps * args.num_samplers),
-        lag=lag,
-    )
+    return pa.config_for_env(args.env, {
+        "mode": "simulated",
+        "seed": seed,
+        "num_seeds": num_seeds,
+        "total_env_steps": args.total_env_steps,
+        "rollout.num_envs": args.num_envs,
+        "rollout.num_steps": args.num_steps * args.num_samplers,
+    }).replace(lag=lag)
 
 
 def labels(args: Args) -> dict[str, str]:

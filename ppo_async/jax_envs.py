@@ -8,11 +8,14 @@
     step(key, state, action, params) -> (obs, state, reward, terminated, truncated, info)
 
 with the time limit (`params.max_steps_in_episode`, truncation, not termination) and the
-auto-reset done here, the way gymnax does it: on `done` the returned observation and state
-are those of a fresh reset drawn with the step's key (so every episode starts from its own
-initial state), and `info["final_observation"]` is the observation reached before the reset,
-for bootstrapping a truncated episode. Everything is pure and jittable; `envs.step_envs`
-vmaps it like a gymnax env, so the rollout stays one `lax.scan` in every mode.
+auto-reset done here. An ended episode restarts from the initial state its env slot drew at
+`reset` (kept in the state), as Brax's and Playground's own training wrappers do: a fresh
+reset per step is not affordable for these simulators (Playground's CheetahRun settles its
+model for hundreds of physics steps in `reset`; computing it in every step, as gymnax does,
+ran at 137 env steps/s against 15k). Every env slot has its own random initial state;
+`info["final_observation"]` is the observation reached before the reset, for bootstrapping
+a truncated episode. Everything is pure and jittable; `envs.step_envs` vmaps it like a
+gymnax env, so the rollout stays one `lax.scan` in every mode.
 
 Brax's reset state carries Python floats where its step state has arrays; the wrapper casts
 the reset state to the step state's types (`_like`), so a rollout jitted on a fresh reset
@@ -59,10 +62,12 @@ class PhysicsParams:
 
 
 class PhysicsState(NamedTuple):
-    """A wrapped env's state: the simulator's own state and the steps taken in this episode."""
+    """A wrapped env's state: the simulator's own state, the steps taken in this episode, and
+    the initial state the slot restarts from."""
 
     inner: Any
     time: chex.Array  # [] int32
+    first: Any  # the simulator state drawn at reset
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,7 +96,7 @@ class PhysicsEnv:
     def reset(self, key: chex.PRNGKey, params: PhysicsParams) -> tuple[chex.Array, PhysicsState]:
         """A fresh episode: `(obs [O] float32, state)` with the step state's leaf types."""
         inner = _like(self._reset_inner(key), self._step_types())
-        return jnp.asarray(inner.obs, jnp.float32), PhysicsState(inner, jnp.zeros((), jnp.int32))
+        return jnp.asarray(inner.obs, jnp.float32), PhysicsState(inner, jnp.zeros((), jnp.int32), inner)
 
     def _step_types(self) -> Any:
         """Shapes and dtypes of the state `step` returns (traced once per env object)."""
@@ -106,22 +111,24 @@ class PhysicsEnv:
 
     def step(self, key: chex.PRNGKey, state: PhysicsState, action: chex.Array, params: PhysicsParams
              ) -> tuple[chex.Array, PhysicsState, chex.Array, chex.Array, chex.Array, dict]:
-        """One control step with the time limit and auto-reset (gymnax semantics).
+        """One control step with the time limit and the auto-reset to the slot's initial state.
 
         Returns `(obs, state, reward [], terminated [] bool, truncated [] bool,
-        {"final_observation": obs reached before any reset})`.
+        {"final_observation": obs reached before any reset})`. `key` is unused (the
+        simulators step deterministically; it keeps the gymnax signature).
         """
-        inner = self.sim.step(state.inner, jnp.asarray(action, jnp.float32).reshape((self.action_size,)))
+        del key
+        inner = _like(self.sim.step(state.inner, jnp.asarray(action, jnp.float32).reshape((self.action_size,))),
+                      self._step_types())
         time = state.time + 1
         reached = jnp.asarray(inner.obs, jnp.float32)
         terminated = jnp.asarray(inner.done, jnp.float32).reshape(()) > 0.5
         truncated = jnp.logical_and(time >= params.max_steps_in_episode, ~terminated)
         done = jnp.logical_or(terminated, truncated)
-        fresh_obs, fresh = self.reset(key, params)
-        next_state = jax.tree.map(lambda new, old: jnp.where(done, new, old), fresh,
-                                  PhysicsState(_like(inner, self._step_types()), time))
-        obs = jnp.where(done, fresh_obs, reached)
+        restart = jax.tree.map(lambda first, now: jnp.where(done, first, now), state.first, inner)
+        next_state = PhysicsState(restart, jnp.where(done, 0, time), state.first)
         reward = jnp.asarray(inner.reward, jnp.float32).reshape(())
+        obs = jnp.asarray(restart.obs, jnp.float32)
         return obs, next_state, reward, terminated, truncated, {"final_observation": reached}
 
 

@@ -106,6 +106,8 @@ def test_physics_env_shapes_truncation_and_no_recompile(name, obs, act):
     chex.clear_trace_counter()
     step = jax.jit(chex.assert_max_traces(lambda s, a, k: envs.step_envs(env, s, a, k), n=1))
     state = envs.reset_envs(env, jax.random.PRNGKey(0), 2)  # eager reset: Python floats in brax's state
+    initial_obs = np.asarray(state.obs)
+    assert not np.allclose(initial_obs[0], initial_obs[1])  # each slot draws its own initial state
     assert state.obs.shape == (2, obs) and state.obs.dtype == jnp.float32
     seen = []
     for t in range(4):
@@ -119,8 +121,9 @@ def test_physics_env_shapes_truncation_and_no_recompile(name, obs, act):
     third = seen[2]
     assert np.all(np.asarray(third.finished_length) == 3)
     np.testing.assert_allclose(third.finished_return, sum(np.asarray(o.reward) for o in seen[:3]), rtol=1e-6)
-    # the bootstrap observation is the one reached, not the reset's
+    # the bootstrap observation is the one reached; the next episode starts from the slot's initial state
     assert not np.allclose(third.final_obs, third.obs)
+    np.testing.assert_allclose(third.obs, initial_obs, rtol=1e-6)
     assert np.allclose(seen[1].final_obs, seen[1].obs)
 
 
