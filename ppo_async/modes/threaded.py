@@ -589,7 +589,7 @@ def lag_buckets_of(config: Config) -> int:
 # reuse one set of compiled functions.
 _PROGRAM_FREE_THREADED = ("num_samplers", "refresh_lag", "min_refresh_interval_s", "buffer_capacity", "full_policy",
                           "sampler_step_latency_ms", "latency_jitter", "timeout_s")
-_PROGRAM_TOP = ("env", "mode", "num_seeds", "total_env_steps", "rollout", "ppo", "network", "threaded")
+_PROGRAM_TOP = ("env", "env_options", "mode", "num_seeds", "total_env_steps", "rollout", "ppo", "network", "threaded")
 _PROGRAMS_KEPT = 8
 
 
