@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 MODES = ("sync", "simulated", "threaded")
+# Top-level fields that shape no compiled program: the seed enters as an argument, the rest is
+# what the host writes and when (used by the kept-program caches of the modes).
+HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "eval_every",
+                    "eval_episodes", "log_every", "overwrite")
 LAG_SCHEDULES = ("fixed", "per_sampler", "uniform", "geometric", "straggler", "replay")
 OBJECTIVES = ("ppo", "decoupled")
 ADVANTAGE_ESTIMATORS = ("gae", "vtrace")

@@ -105,7 +105,9 @@ def test_physics_env_shapes_truncation_and_no_recompile(name, obs, act):
     assert np.all(env.action_low < env.action_high)
     chex.clear_trace_counter()
     step = jax.jit(chex.assert_max_traces(lambda s, a, k: envs.step_envs(env, s, a, k), n=1))
-    state = envs.reset_envs(env, jax.random.PRNGKey(0), 2)  # eager reset: Python floats in brax's state
+    # a jitted reset (op by op, MJX's reset takes ~40 s here): brax's reset leaves Python floats
+    # and weak types where its step has arrays, which would retrace a function of the state
+    state = jax.jit(lambda k: envs.reset_envs(env, k, 2))(jax.random.PRNGKey(0))
     initial_obs = np.asarray(state.obs)
     assert not np.allclose(initial_obs[0], initial_obs[1])  # each slot draws its own initial state
     assert state.obs.shape == (2, obs) and state.obs.dtype == jnp.float32

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async import envs, learner
-from ppo_async.config import Config, config_to_dict
+from ppo_async.config import HOST_ONLY_FIELDS, Config, config_to_dict
 from ppo_async.learner import Hyperparams, LearnerContext
 from ppo_async.metrics import split_seeds
 from ppo_async.networks import make_actor_critic
@@ -136,9 +136,6 @@ def jitted_checkpoint_like(build: Callable[[Config], JittedProgram]) -> Callable
 # tiny run here, even with the persistent cache warm) once. Keyed by `jitted_program_key`.
 _JITTED: "collections.OrderedDict[str, tuple[Callable, Any]]" = collections.OrderedDict()
 _JITTED_KEPT = 8
-# Fields that shape no jitted program: the seed enters as the init's argument, the rest is host-side.
-_HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "eval_every",
-                     "eval_episodes", "log_every", "overwrite")
 
 
 def jitted_program_key(build: Callable, config: Config) -> str:
@@ -146,7 +143,7 @@ def jitted_program_key(build: Callable, config: Config) -> str:
     them: everything but the host-side fields and the traced hyperparameters (which enter as
     arguments; for a `learner.STATIC_WHEN_SET` field only whether it is set)."""
     data = config_to_dict(config)
-    for name in _HOST_ONLY_FIELDS:
+    for name in HOST_ONLY_FIELDS:
         data.pop(name)
     return json.dumps([build.__module__, build.__qualname__, learner.without_traced_fields(data)], sort_keys=True)
 
