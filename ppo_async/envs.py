@@ -89,10 +89,15 @@ def make_env(name: str, options: EnvOptions | None = None) -> Env:
 
     env, params = gymnax.make(name)
     obs_shape = tuple(env.observation_space(params).shape)
-    space = env.action_space(params)
-    if isinstance(space, spaces.Discrete):
+    return _env_of_space(name, env, params, obs_shape, env.action_space(params), spaces.Discrete, spaces.Box)
+
+
+def _env_of_space(name: str, env: Any, params: Any, obs_shape: tuple[int, ...], space: Any,
+                  discrete: type, box: type) -> Env:
+    """An `Env` for an action space of gymnax's or Gymnasium's `Discrete` / `Box` classes."""
+    if isinstance(space, discrete):
         return Env(name, env, params, obs_shape, True, int(space.n), (), None, None)
-    if isinstance(space, spaces.Box):
+    if isinstance(space, box):
         shape = tuple(space.shape) if space.shape else (1,)
         low = np.broadcast_to(np.asarray(space.low, np.float32), shape).copy()
         high = np.broadcast_to(np.asarray(space.high, np.float32), shape).copy()
@@ -132,15 +137,7 @@ def _gymnasium_env(name: str, env_id: str) -> Env:
     if not isinstance(obs_space, spaces.Box):
         raise ConfigError(f"env = {name!r}: observation space {type(obs_space).__name__} is not supported (only Box)")
     spec = GymnasiumSpec(env_id, int(limit or 1000))
-    obs_shape = tuple(obs_space.shape)
-    if isinstance(space, spaces.Discrete):
-        return Env(name, spec, spec, obs_shape, True, int(space.n), (), None, None)
-    if isinstance(space, spaces.Box):
-        shape = tuple(space.shape) if space.shape else (1,)
-        low = np.broadcast_to(np.asarray(space.low, np.float32), shape).copy()
-        high = np.broadcast_to(np.asarray(space.high, np.float32), shape).copy()
-        return Env(name, spec, spec, obs_shape, False, 0, shape, low, high)
-    raise ConfigError(f"env = {name!r}: action space {type(space).__name__} is not supported")
+    return _env_of_space(name, spec, spec, tuple(obs_space.shape), space, spaces.Discrete, spaces.Box)
 
 
 def _strongly_typed(tree: Any) -> Any:
