@@ -207,8 +207,9 @@ def parse_train_args(argv: Sequence[str]) -> TrainArgs:
     # The env's preset fills what neither the file nor a flag set: parsing again on a base
     # with the preset applied keeps every flag (a flag overrides its default either way).
     applied = presets.preset_changes(parsed.cfg.env, file_data)
-    if applied:
-        parsed = _tyro_parse(args, replace_paths(base, {"env": parsed.cfg.env, **applied}), config_path)
+    if applied:  # the first parse with the preset on top is valid as a base (env and mode as parsed)
+        first = Config(**{f.name: getattr(parsed.cfg, f.name) for f in dataclasses.fields(Config)})
+        parsed = _tyro_parse(args, replace_paths(first, applied), config_path)
     cfg = parsed.cfg
     applied = {path: get_path(cfg, path) for path in applied if get_path(cfg, path) == applied[path]}
     run_dir = cfg.run_dir if cfg.run_dir not in (None, CLI_RUN_DIR) else default_run_dir(cfg.env, cfg.mode)

@@ -269,6 +269,8 @@ def test_cli_applies_the_preset_under_flags_and_config_file(tmp_path):
     assert parsed.cfg.rollout.num_envs == 8 and "rollout.num_envs" not in parsed.preset
     assert parsed.cfg.ppo.gamma == preset["ppo.gamma"]
     assert parse_train_args(["--run-dir", str(tmp_path / "d")]).preset == {}
+    host = parse_train_args(["--mode", "threaded", "--env", "gymnasium/HalfCheetah-v5", "--run-dir", str(tmp_path / "e")])
+    assert host.cfg.mode == "threaded" and host.cfg.ppo.learning_rate == presets.preset_for("gymnasium/HalfCheetah-v5")["ppo.learning_rate"]
 
 
 # --------------------------------------------------------------------------------------
