@@ -556,7 +556,7 @@ class ThreadedSetup:
     train_state: TrainState  # on the learner devices
     learner_key: jax.Array
     hparams: Any
-    env_states: list  # one per sampler, on its device
+    env_states: list  # one per sampler: on its device, or a host_envs.HostVectorEnv (Gymnasium)
     sampler_keys: list
     example: Any  # one rollout chunk on the buffer device
     compile_seconds: float
