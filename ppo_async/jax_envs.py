@@ -90,12 +90,9 @@ class PhysicsEnv:
     action_low: np.ndarray
     action_high: np.ndarray
 
-    def _reset_inner(self, key: chex.PRNGKey) -> Any:
-        return self.sim.reset(key)
-
     def reset(self, key: chex.PRNGKey, params: PhysicsParams) -> tuple[chex.Array, PhysicsState]:
         """A fresh episode: `(obs [O] float32, state)` with the step state's leaf types."""
-        inner = _like(self._reset_inner(key), self._step_types())
+        inner = _like(self.sim.reset(key), self._step_types())
         return jnp.asarray(inner.obs, jnp.float32), PhysicsState(inner, jnp.zeros((), jnp.int32), inner)
 
     def _step_types(self) -> Any:
