@@ -10,19 +10,26 @@ import sys
 # Entry point of the test process: XLA flags before JAX starts (see ppo_async/xla_flags.py).
 from ppo_async.xla_flags import apply_cpu_workarounds  # noqa: E402  (imports no JAX backend)
 
-# Tests run tiny budgets, so compiling dominates their time. Three XLA CPU flags cut it and
-# change no behaviour a test checks (tests compare runs of the same process or of subprocesses
-# that inherit these flags, never against numbers from optimised code):
+# Tests run tiny budgets, so compiling dominates their time. Three XLA CPU flags cut it:
 # - backend optimisation level 0: about a third faster (two slow tests 53.6 s -> 35.8 s);
-# - no fusion emitters, no expensive LLVM passes: on top of that, a tiny sync `train` 8.6 s ->
-#   5.0 s and the Playground/Brax tests 103.6 s -> 77.2 s (jaxlib 0.10.2, 2 cores).
-# XLA aborts the process on a flag it does not know, so the last two are only set on the jaxlib
-# minor version they were measured on. Set before JAX starts; subprocesses inherit os.environ.
+# - no fusion emitters, no expensive LLVM passes (FAST_COMPILE_FLAGS): on top of that, a tiny
+#   sync `train` 8.6 s -> 5.0 s and the Playground/Brax tests 103.6 s -> 77.2 s (jaxlib 0.10.2,
+#   2 cores); the suite 864 s -> 506 s.
+# Tests compare runs of the same process or of subprocesses that inherit these flags, never
+# against numbers from optimised code. But without fusion emitters XLA may round one value
+# differently where two programs (or two fusions of one) compute it: the tests marked
+# `exact_xla`, which compare such values bit for bit, run in a child pytest under XLA's default
+# code generation (see `pytest_runtest_protocol` below).
+# XLA aborts the process on a flag it does not know, so FAST_COMPILE_FLAGS are only set on the
+# jaxlib minor version they were measured on. Set before JAX starts; subprocesses inherit
+# os.environ.
 from importlib.metadata import version as _version  # noqa: E402
 
+EXACT_XLA_ENV = "PPO_ASYNC_TEST_EXACT_XLA"  # set in the child: the JSON-lines file its reports go to
+FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_llvm_disable_expensive_passes=true")
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
-if _version("jaxlib").split(".")[:2] == ["0", "10"]:
-    TEST_XLA_FLAGS += ("--xla_cpu_use_fusion_emitters=false", "--xla_llvm_disable_expensive_passes=true")
+if _version("jaxlib").split(".")[:2] == ["0", "10"] and not os.environ.get(EXACT_XLA_ENV):
+    TEST_XLA_FLAGS += FAST_COMPILE_FLAGS
 _flags = os.environ.get("XLA_FLAGS", "").split()
 os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in {g.split("=")[0] for g in _flags}])
 apply_cpu_workarounds()
@@ -145,7 +152,8 @@ def cli_main(capsys):
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist `--dist loadgroup`, the tests of a module that share one of its own
     module-scoped fixtures (a trained run, a subprocess) go to one worker, so the fixture is
-    built once, not once per worker; every other test is distributed on its own."""
+    built once, not once per worker; so do its `exact_xla` tests (one child pytest); every
+    other test is distributed on its own."""
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         module = getattr(item, "module", None)
@@ -157,5 +165,78 @@ def pytest_collection_modifyitems(config, items):
             for d in info.name2fixturedefs.get(name, ())
             if d.scope == "module" and d.baseid == module_id
         ]
-        if shared:
+        if shared or _is_exact(item):  # a module's exact_xla tests share one child pytest
             item.add_marker(pytest.mark.xdist_group(module.__name__))
+
+
+# --------------------------------------------------------------------------------------
+# `exact_xla` tests: run in a child pytest under XLA's default code generation
+# --------------------------------------------------------------------------------------
+
+_EXACT_RESULTS: dict[str, list[dict]] = {}  # node id -> its reports (setup / call / teardown), per module run
+
+
+def _is_exact(item) -> bool:
+    return item.get_closest_marker("exact_xla") is not None and not os.environ.get(EXACT_XLA_ENV)
+
+
+def _run_exact_module(item, tmp_dir: str) -> None:
+    """Runs every `exact_xla` test of `item`'s module in one child pytest (one JAX start, its
+    module fixtures built once) without FAST_COMPILE_FLAGS; stores each test's reports."""
+    import json
+    import tempfile
+
+    module_id = item.nodeid.split("::")[0]
+    nodeids = [i.nodeid for i in item.session.items if i.nodeid.split("::")[0] == module_id and _is_exact(i)]
+    plain = {n.split("@")[0]: n for n in nodeids}  # xdist's loadgroup appends "@group" to node ids
+    fd, results = tempfile.mkstemp(suffix=".jsonl", dir=tmp_dir)
+    os.close(fd)
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE_FLAGS]
+    env = dict(os.environ, XLA_FLAGS=" ".join(flags), **{EXACT_XLA_ENV: results})
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *plain],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    with open(results) as f:
+        reports = [json.loads(line) for line in f if line.strip()]
+    os.unlink(results)
+    for nodeid in nodeids:
+        mine = [dict(r, nodeid=nodeid) for r in reports if plain.get(r["nodeid"]) == nodeid]
+        if not mine:  # the child died or never ran it: that is this test's failure
+            mine = [{"nodeid": nodeid, "when": "call", "outcome": "failed", "duration": 0.0,
+                     "longrepr": f"child pytest (exit {proc.returncode}) reported nothing for {nodeid}:\n"
+                                 f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"}]
+        _EXACT_RESULTS[nodeid] = mine
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In the parent, an `exact_xla` test is not run here: its module's exact tests run once in a
+    child pytest and each test's child reports are logged as its own."""
+    if not _is_exact(item):
+        return None
+    from _pytest.reports import TestReport
+
+    if item.nodeid not in _EXACT_RESULTS:
+        _run_exact_module(item, str(item.config._tmp_path_factory.getbasetemp()))
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    for r in _EXACT_RESULTS.pop(item.nodeid):
+        report = TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, r["outcome"],
+                            r["longrepr"] if r["outcome"] != "skipped" else ("", 0, r["longrepr"]), r["when"],
+                            duration=r["duration"])
+        item.ihook.pytest_runtest_logreport(report=report)
+    # what the skipped teardown would do: leave set up only what the next test needs
+    item.session._setupstate.teardown_exact(nextitem)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def pytest_runtest_logreport(report):
+    """In the child, every report goes to the parent's JSON-lines file."""
+    path = os.environ.get(EXACT_XLA_ENV)
+    if not path:
+        return
+    import json
+
+    longrepr = None if report.passed else (report.longreprtext or str(report.longrepr))
+    with open(path, "a") as f:
+        f.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                            "duration": report.duration, "longrepr": longrepr}) + "\n")

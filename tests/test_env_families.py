@@ -149,10 +149,11 @@ def test_playground_sync_run_learns_nothing_wrong_and_checkpoints(tmp_path):
     assert action.shape == (3, 1)
 
 
-def test_playground_and_brax_threaded_runs_keep_the_accounting():
-    for name in ("playground/CartpoleBalance", "brax/inverted_pendulum"):
-        config, result = threaded_run(name)
-        assert_accounting(config, result)
+def test_brax_threaded_run_keeps_the_accounting():
+    """Brax and Playground share `PhysicsEnv` inside the jitted rollout (Playground runs end to
+    end in the sync test above), so one threaded run of a physics env covers both families."""
+    config, result = threaded_run("brax/inverted_pendulum")
+    assert_accounting(config, result)
 
 
 # --------------------------------------------------------------------------------------

@@ -180,6 +180,7 @@ def test_stored_actions_are_unclipped_and_rewards_raw():
     assert np.max(np.abs(reward + cost + 0.001 * u**2)) > 1e-3  # unclipped torque would not match
 
 
+@pytest.mark.exact_xla
 def test_obs_normalised_with_snapshot_stats_and_raw_moments():
     train_state, env_state = fresh_state(3)
     stats = custom_stats()

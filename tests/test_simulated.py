@@ -67,6 +67,7 @@ def fixed3():
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.exact_xla
 def test_lag0_is_bitwise_sync(sync_and_lag0):
     sync, sim = sync_and_lag0
     a, b = sync.to_dataframe(), sim.to_dataframe()
@@ -137,6 +138,7 @@ def test_same_seed_is_identical_and_seeds_differ(fixed3):
         assert not np.array_equal(leaf[0], leaf[1])
 
 
+@pytest.mark.exact_xla
 def test_lag_only_acts_after_the_first_iteration(sync_and_lag0, fixed3):
     """Same seeds: K=3 consumes a fresh batch at iteration 1 (bit for bit lag 0), stale ones after."""
     lag0 = sync_and_lag0[1].to_dataframe()
@@ -283,6 +285,7 @@ def test_vtrace_runs_and_differs_from_gae_under_lag(fixed3):
         assert not np.any(v[stale] == g[stale]), col
 
 
+@pytest.mark.exact_xla
 def test_vtrace_targets_equal_gae_on_policy_with_lambda_one():
     base = tiny(mode="simulated", ppo=pa.PPOConfig(num_epochs=2, num_minibatches=4, gae_lambda=1.0))
     vt_config = base.replace(ppo=pa.PPOConfig(num_epochs=2, num_minibatches=4, gae_lambda=1.0,
