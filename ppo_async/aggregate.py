@@ -31,6 +31,9 @@ LAST_FIELDS = (
     "dropped_overwritten", "dropped_stale_total", "behavior_version", "sampler_id", "sampler_steps_per_second",
     "sampler_rollout_s", "sampler_wait_params_s", "sampler_wait_buffer_s", "sampler_wait_space_s", "sampler_write_s",
     "sampler_latency_s", "sampler_forced_refreshes", "dropped_fraction_window", "kl_high_streak", "warning",
+    # several processes (`ppo_async.distributed.global_row`): per-process running totals
+    "process_samples_produced", "process_samples_consumed", "process_samples_dropped", "process_samples_resident",
+    "process_dropped_forced_refresh", "process_dropped_overwritten", "process_dropped_stale_total",
 )
 FIELD_RULES: dict[str, str] = {
     **{name: "last" for name in LAST_FIELDS},

@@ -91,14 +91,18 @@ def _is_empty(x: Any) -> bool:
 
 
 def _to_storable(tree: Any) -> Any:
-    """Typed keys -> uint32 key data; zero-size leaves -> None; everything else -> jax arrays."""
+    """Typed keys -> uint32 key data; zero-size leaves -> None; everything else -> jax arrays
+    (numpy in a multi-process run: orbax refuses a process's own jax arrays there; both restore
+    alike)."""
+    host = jax.process_count() > 1
 
     def conv(x: Any) -> Any:
         if _is_empty(x):
             return None
         if _is_typed_key(x):
-            return jax.random.key_data(x)
-        return jax.numpy.asarray(x)
+            x = jax.random.key_data(x)
+        value = jax.numpy.asarray(x)
+        return np.asarray(value) if host else value
 
     return jax.tree.map(conv, tree)
 
@@ -170,20 +174,26 @@ class Checkpointer:
         self.directory = os.path.abspath(os.fspath(directory))
         self.max_to_keep = max_to_keep
         os.makedirs(self.directory, exist_ok=True)
+        # In a multi-process run only process 0 checkpoints (params are replicated, saved from the
+        # host): orbax must not wait at barriers for processes that never open a checkpointer.
+        multi = jax.process_count() > 1
+        alone = {"multiprocessing_options": ocp.options.MultiprocessingOptions(
+            primary_host=jax.process_index(), active_processes={jax.process_index()})} if multi else {}
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             enable_async_checkpointing=False,  # save() returns only when the step is final
-            create=True,
+            create=not multi,  # (made above; orbax refuses create with active_processes)
             # Never delete other processes' in-flight temp dirs when merely opening to read.
             cleanup_tmp_directories=False,
+            **alone,
         )
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=options,
             item_handlers={
-                "state": ocp.StandardCheckpointHandler(),
-                "metadata": ocp.JsonCheckpointHandler(),
-                "layout": ocp.JsonCheckpointHandler(),
+                "state": ocp.StandardCheckpointHandler(**alone),
+                "metadata": ocp.JsonCheckpointHandler(**alone),
+                "layout": ocp.JsonCheckpointHandler(**alone),
             },
         )
         self._closed = False

@@ -20,6 +20,7 @@ import datetime
 import json
 import os
 import sys
+import traceback
 from typing import Annotated, Any, Sequence
 
 USAGE = """usage: python -m ppo_async COMMAND [OPTIONS]
@@ -36,6 +37,8 @@ commands:
            <first RUN_DIR's parent>/compare)
   eval     eval RUN_DIR [--episodes 20] [--step N] [--seed-index 0] [--seed 0] [--stochastic]:
            play episodes with a checkpoint's policy (deterministic unless --stochastic)
+  launch   launch --num-processes N [--port P] -- train [TRAIN OPTIONS]: one threaded run as N
+           local processes (jax.distributed over 127.0.0.1; process 0 writes the run dir)
 
 `python -m ppo_async COMMAND --help` describes each command's options.
 """
@@ -172,6 +175,19 @@ def _pop_option(args: list[str], name: str) -> str | None:
     return None
 
 
+def _join_processes(args: Sequence[str]) -> None:
+    """Several processes (`--distributed.*`, here or in `--config`): joins them before the
+    options are parsed, since checking a gymnax env name imports gymnax, which runs JAX."""
+    from ppo_async import distributed
+
+    if not any(a.startswith("--distributed.") for a in args) and "--config" not in " ".join(args):
+        return
+    config_path = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
+    config_path = config_path or next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
+    section = _load_config_file(config_path).get("distributed", {}) if config_path else {}
+    distributed.initialize(distributed.distributed_from_args(args, section if isinstance(section, dict) else {}))
+
+
 def default_run_dir(env: str, mode: str) -> str:
     """runs/<env>-<mode>-<timestamp>."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -288,6 +304,7 @@ def run_train(argv: Sequence[str]) -> int:
         _pop_option(args, "--resume")
         parse_train_args(args)  # prints the help (with --config FILE's values) and raises SystemExit(0)
     resume_dir = _pop_option(args, "--resume")
+    _join_processes(args)
     preset: dict = {}
     if resume_dir is not None:
         config, quiet = _resume_config(args, resume_dir)
@@ -580,29 +597,74 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     from ppo_async.checkpoint import CheckpointError
-    from ppo_async.config import ConfigError
+    from ppo_async.config import ConfigError, DistributedFailure
     from ppo_async.metrics import NonFiniteError
     from ppo_async.xla_flags import enable_compilation_cache
 
-    commands = {"train": run_train, "plot": run_plot, "compare": run_compare, "eval": run_eval}
+    commands = {"train": run_train, "plot": run_plot, "compare": run_compare, "eval": run_eval, "launch": run_launch}
     if command not in commands:
         print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
         return 2
     quiet_library_noise()
     enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
     try:
-        return commands[command](rest)
+        return _finish_processes(commands[command](rest))
     except (ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _finish_processes(2)
+    except DistributedFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return _finish_processes(1)
     except NonFiniteError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 3
+        return _finish_processes(3)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return _finish_processes(130)
+    except BaseException:
+        if _joined_processes():  # the traceback, then out at once (see _finish_processes)
+            traceback.print_exc()
+            _finish_processes(1)
+        raise
     except SystemExit as exc:  # tyro: --help (0) and its own usage errors (2, already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+
+
+def _joined_processes() -> bool:
+    """Whether this process joined a multi-process run (jax.distributed) - without importing JAX."""
+    jax = sys.modules.get("jax")
+    return jax is not None and jax.distributed.is_initialized()
+
+
+def _finish_processes(code: int) -> int:
+    """The exit status of a command; in a multi-process run, leaves jax.distributed as well:
+    after success with its shutdown barrier (every process has finished), after a failure at
+    once with `os._exit` (a barrier with a failed peer would wait for it until aborted)."""
+    if not _joined_processes():
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 0:
+        sys.modules["jax"].distributed.shutdown()
+        return code
+    os._exit(code)
+
+
+def run_launch(argv: Sequence[str]) -> int:
+    """The `launch` command (see `ppo_async.launch`): checks the train options as process 0
+    would parse them (a bad value stops here, before any process starts), then runs them."""
+    from ppo_async import launch
+
+    split = launch.split_launch_args(argv)
+    if split is None:
+        print(launch.LAUNCH_HELP)
+        return 0
+    own, train_args = split
+    num_processes, port = launch.parse_launch_options(own)
+    parsed = parse_train_args(launch.process_args(train_args, num_processes, 0, f"127.0.0.1:{port or 1}")[1:])
+    if not any(a == "--run-dir" or a.startswith("--run-dir=") for a in train_args):
+        train_args = [*train_args, "--run-dir", parsed.cfg.run_dir]  # one directory for every process
+    return launch.launch(train_args, num_processes, port, heartbeat_s=parsed.cfg.distributed.heartbeat_timeout_s)
 
 
 if __name__ == "__main__":

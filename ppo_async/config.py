@@ -31,6 +31,10 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field, the value and the rule."""
 
 
+class DistributedFailure(RuntimeError):
+    """Another process of a multi-process run (`distributed.*`) failed, died or was killed."""
+
+
 def _fail(name: str, value: Any, rule: str) -> None:
     raise ConfigError(f"{name} = {value!r} is invalid: {rule}")
 
@@ -105,7 +109,7 @@ def check_field_types(section: Any, prefix: str = "") -> None:
             _fail(f"{prefix}{f.name}", value, f"must be {allowed}, not {type(value).__name__}")
 
 
-_SECTION_TYPE_NAMES = ("EnvOptions", "RolloutConfig", "PPOConfig", "NetworkConfig", "LagConfig", "ThreadedConfig")
+_SECTION_TYPE_NAMES = ("EnvOptions", "RolloutConfig", "PPOConfig", "NetworkConfig", "LagConfig", "ThreadedConfig", "DistributedConfig")
 
 
 ENV_FAMILIES = ("gymnax", "brax", "playground", "gymnasium")
@@ -502,6 +506,50 @@ class EnvOptions:
             _check_int("env_options.episode_length", self.episode_length, 1)
 
 
+@dataclass(frozen=True)
+class DistributedConfig:
+    """Several processes (jax.distributed, threaded mode): every process runs the same command with
+    its own process_id; each has its own samplers, ring buffer and learner shard, and the learners
+    of all processes form one data-parallel update (rollout and threaded sizes are per process:
+    the learner batch is num_processes times one process's). `python -m ppo_async launch` fills
+    these in for local processes."""
+
+    num_processes: int = 1
+    """Processes in the run (1 = this process alone; > 1 needs mode='threaded')."""
+    process_id: int | None = None
+    """This process's index in [0, num_processes); process 0 writes the run directory."""
+    coordinator_address: str | None = None
+    """host:port of process 0's coordination service (every process passes the same)."""
+    heartbeat_timeout_s: int = 10
+    """Seconds without a heartbeat after which JAX's coordination service declares a process dead."""
+    initialization_timeout_s: int = 120
+    """Seconds every process waits for all the others to join (and process 0's run directory)."""
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "distributed.")
+        _check_int("distributed.num_processes", self.num_processes, 1)
+        _check_int("distributed.heartbeat_timeout_s", self.heartbeat_timeout_s, 1)
+        _check_int("distributed.initialization_timeout_s", self.initialization_timeout_s, 1)
+        if self.num_processes == 1:
+            for name in ("process_id", "coordinator_address"):
+                if getattr(self, name) is not None:
+                    _inert(f"distributed.{name}", getattr(self, name), "distributed.num_processes = 1 (one process)")
+            for name in ("heartbeat_timeout_s", "initialization_timeout_s"):
+                if getattr(self, name) != getattr(DistributedConfig, name):
+                    _inert(f"distributed.{name}", getattr(self, name), "distributed.num_processes = 1 (one process)")
+            return
+        if self.process_id is None:
+            _fail("distributed.process_id", None, f"must be set (0 .. {self.num_processes - 1}) with num_processes = {self.num_processes}")
+        _check_int("distributed.process_id", self.process_id, 0)
+        if self.process_id >= self.num_processes:
+            _fail("distributed.process_id", self.process_id, f"must be < distributed.num_processes = {self.num_processes}")
+        address = self.coordinator_address
+        host, _, port = (address or "").rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            _fail("distributed.coordinator_address", address,
+                  f"must be 'host:port' (e.g. '127.0.0.1:12355') with num_processes = {self.num_processes}")
+
+
 BRAX_BACKENDS = ("generalized", "positional", "spring", "mjx")
 PLAYGROUND_BACKENDS = ("jax", "warp")
 
@@ -556,6 +604,7 @@ class Config:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     lag: LagConfig = field(default_factory=LagConfig)
     threaded: ThreadedConfig = field(default_factory=ThreadedConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -582,7 +631,7 @@ class Config:
                   f"must be a multiple of log_every = {self.log_every} (a checkpoint closes a metrics row, so a resumed run continues its rows exactly)")
         if self.wandb_project is not None and (not isinstance(self.wandb_project, str) or not self.wandb_project.strip()):
             _fail("wandb_project", self.wandb_project, "must be a non-empty project name or None")
-        for name, cls in (("env_options", EnvOptions), ("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig)):
+        for name, cls in (("env_options", EnvOptions), ("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig), ("distributed", DistributedConfig)):
             if not isinstance(getattr(self, name), cls):
                 _fail(name, getattr(self, name), f"must be a {cls.__name__}")
         if self.batch_size % self.ppo.num_minibatches != 0:
@@ -591,6 +640,9 @@ class Config:
                 self.ppo.num_minibatches,
                 f"must divide the learner batch ({self._batch_formula()} = {self.batch_size})",
             )
+        if self.distributed.num_processes > 1 and self.mode != "threaded":
+            _fail("mode", self.mode, f"must be 'threaded' with distributed.num_processes = {self.distributed.num_processes} "
+                  "(several processes run threaded samplers and one data-parallel learner)")
         if self.mode == "threaded":
             self._check_buffer_capacity()
         if self.total_env_steps < self.batch_size:
@@ -623,9 +675,12 @@ class Config:
         return self.threaded.buffer_capacity // self.chunk_size
 
     def _batch_formula(self) -> str:
+        formula = "rollout.num_envs * rollout.num_steps"
         if self.mode == "threaded" and self.threaded.effective_chunks_per_batch > 1:
-            return "rollout.num_envs * rollout.num_steps * threaded.chunks_per_batch"
-        return "rollout.num_envs * rollout.num_steps"
+            formula += " * threaded.chunks_per_batch"
+        if self.distributed.num_processes > 1:
+            formula += " * distributed.num_processes"
+        return formula
 
     @property
     def chunk_size(self) -> int:
@@ -633,11 +688,17 @@ class Config:
         return self.rollout.num_envs * self.rollout.num_steps
 
     @property
-    def batch_size(self) -> int:
-        """Transitions per learner iteration: one chunk, or threaded.chunks_per_batch chunks in threaded mode."""
+    def local_batch_size(self) -> int:
+        """Transitions one process's learner takes per iteration: one chunk, or
+        threaded.chunks_per_batch chunks in threaded mode."""
         if self.mode == "threaded":
             return self.chunk_size * self.threaded.effective_chunks_per_batch
         return self.chunk_size
+
+    @property
+    def batch_size(self) -> int:
+        """Transitions per learner iteration, over every process (`local_batch_size * distributed.num_processes`)."""
+        return self.local_batch_size * self.distributed.num_processes
 
     @property
     def minibatch_size(self) -> int:
@@ -730,7 +791,7 @@ def check_fields_apply(config: "Config") -> None:
                 _inert(name, getattr(config, name), "there is no run_dir to write checkpoints into")
 
 
-_SECTIONS = {"env_options": EnvOptions, "rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig, "lag": LagConfig, "threaded": ThreadedConfig}
+_SECTIONS = {"env_options": EnvOptions, "rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig, "lag": LagConfig, "threaded": ThreadedConfig, "distributed": DistributedConfig}
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

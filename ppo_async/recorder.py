@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -145,6 +146,9 @@ class RunRecorder:
       progress: show a console progress bar.
       on_iteration: called with each iteration's rows after they are recorded.
       keep_rows: keep every row in memory for the `TrainResult`.
+      writes_files: False for the processes > 0 of a multi-process run: they write no run
+        directory, W&B or evaluation (process 0 does) - only `process_log`.
+      process_log: a file this process's log lines go to (`log_line`), in a multi-process run.
     """
 
     def __init__(
@@ -155,10 +159,15 @@ class RunRecorder:
         progress: bool = False,
         on_iteration: Callable[[list[dict[str, Any]]], None] | None = None,
         keep_rows: bool = True,
+        writes_files: bool = True,
+        process_log: str | None = None,
     ) -> None:
         self.config = config
         self.labels = [dict(label) for label in labels]
-        self.run_dir = config.run_dir
+        self.writes_files = writes_files
+        self.run_dir = config.run_dir if writes_files else None
+        self.process_log = process_log
+        self._process_log: Any = None
         self.progress = progress
         self.on_iteration = on_iteration
         self.keep_rows = keep_rows
@@ -228,7 +237,11 @@ class RunRecorder:
                 self._writer = JsonlWriter(os.path.join(run_dir, rundir.METRICS_FILE), append=resuming)
                 self._tb = make_tb_writer(run_dir, config, self.first_iteration)
                 self._checkpointer = Checkpointer(rundir.checkpoint_dir(run_dir), max_to_keep=config.keep_checkpoints)
-            self._wandb = open_wandb(config)
+            if self.writes_files:
+                self._wandb = open_wandb(config)
+            if self.process_log:
+                os.makedirs(os.path.dirname(self.process_log), exist_ok=True)
+                self._process_log = open(self.process_log, "a", buffering=1)
         except BaseException:
             self.close()
             raise
@@ -246,12 +259,12 @@ class RunRecorder:
         """Writes the rows of a window cut short (a run stopped early), then closes every writer (idempotent)."""
         if self._window:
             self._write_rows(self._window)
-        for closeable in (self._bar, self._writer, self._tb, self._checkpointer, *self._schedule_files.values()):
+        for closeable in (self._bar, self._writer, self._tb, self._checkpointer, self._process_log, *self._schedule_files.values()):
             if closeable is not None:
                 closeable.close()
         if self._wandb is not None:
             self._wandb.finish()
-        self._writer = self._tb = self._wandb = self._checkpointer = self._bar = None
+        self._writer = self._tb = self._wandb = self._checkpointer = self._bar = self._process_log = None
         self._schedule_files = {}
         self._open = False
 
@@ -267,7 +280,7 @@ class RunRecorder:
     def eval_due(self, iteration: int) -> bool:
         """Whether the learner's params are evaluated after `iteration`: every `eval_every` and after the last."""
         every = self.config.eval_every
-        return every > 0 and (iteration % every == 0 or iteration == self.config.num_iterations)
+        return self.writes_files and every > 0 and (iteration % every == 0 or iteration == self.config.num_iterations)
 
     def wants_state(self, iteration: int) -> bool:
         """Whether `record` needs the state after `iteration` (a checkpoint or an evaluation is due)."""
@@ -352,9 +365,15 @@ class RunRecorder:
         self._first_warnings = first
 
     def announce(self, message: str) -> None:
-        """A line on the console above the progress bar (nothing when the bar is off)."""
+        """A line on the console above the progress bar (nothing when the bar is off) and in the process log."""
         if self._bar is not None:
             self._bar.write(message)
+        self.log_line(message)
+
+    def log_line(self, message: str) -> None:
+        """A timestamped line in this process's log file (multi-process runs; else nothing)."""
+        if self._process_log is not None:
+            self._process_log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
 
     @property
     def warnings(self) -> list[str]:
@@ -396,8 +415,9 @@ class RunRecorder:
         handle = self._schedule_files.get(filename)
         if handle is None:
             handle = self._schedule_files[filename] = open(os.path.join(self.run_dir, filename), "a", encoding="utf-8")
-        for record in records:
-            handle.write(json.dumps({k: record.get(k) for k in SCHEDULE_COLUMNS}) + "\n")
+        for record in records:  # (+ process_id in a multi-process run: `distributed.global_row`)
+            extra = {"process_id": record["process_id"]} if "process_id" in record else {}
+            handle.write(json.dumps({**{k: record.get(k) for k in SCHEDULE_COLUMNS}, **extra}) + "\n")
         handle.flush()
 
     def schedule_records(self, filename: str) -> Sequence[dict[str, Any]]:

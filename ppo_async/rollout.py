@@ -112,26 +112,32 @@ def rollout(
     return env_state, trajectory
 
 
-def concat_trajectories(chunks: Sequence[Trajectory]) -> Trajectory:
-    """Several rollout chunks `[T, N_i, ...]` as one trajectory `[T, sum N_i, ...]`.
-
-    Env columns are independent, so GAE / V-trace over the result equal those of each chunk.
-    Episode sums and counts add up; observation moments merge (Chan et al. 1979). Used when a
-    learner batch holds several samplers' rollouts (threaded `chunks_per_batch`, barrier).
-    """
-    if len(chunks) == 1:
-        return chunks[0]
-    transitions = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *[c.transitions for c in chunks])
-    last_obs = jnp.concatenate([c.last_obs for c in chunks], axis=0)
-    moments = chunks[0].stats.obs_moments
-    for chunk in chunks[1:]:
-        moments = envs.merge_moments(moments, chunk.stats.obs_moments)
-    total = lambda name: sum(getattr(c.stats, name) for c in chunks)  # noqa: E731
-    stats = RolloutStats(
+def merge_rollout_stats(stats: Sequence[RolloutStats]) -> RolloutStats:
+    """The statistics of several rollouts taken together: episode sums and counts add up,
+    observation moments merge (Chan et al. 1979). Also merges processes' shares of a batch."""
+    moments = stats[0].obs_moments
+    for other in stats[1:]:
+        moments = envs.merge_moments(moments, other.obs_moments)
+    total = lambda name: sum(getattr(s, name) for s in stats)  # noqa: E731
+    return RolloutStats(
         episode_return_sum=total("episode_return_sum"),
         episode_length_sum=total("episode_length_sum"),
         episode_count=total("episode_count"),
         obs_moments=moments,
         nonfinite_count=total("nonfinite_count"),
     )
+
+
+def concat_trajectories(chunks: Sequence[Trajectory]) -> Trajectory:
+    """Several rollout chunks `[T, N_i, ...]` as one trajectory `[T, sum N_i, ...]`.
+
+    Env columns are independent, so GAE / V-trace over the result equal those of each chunk.
+    Statistics merge as in `merge_rollout_stats`. Used when a learner batch holds several
+    samplers' rollouts (threaded `chunks_per_batch`, barrier).
+    """
+    if len(chunks) == 1:
+        return chunks[0]
+    transitions = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *[c.transitions for c in chunks])
+    last_obs = jnp.concatenate([c.last_obs for c in chunks], axis=0)
+    stats = merge_rollout_stats([c.stats for c in chunks])
     return Trajectory(transitions=transitions, last_obs=last_obs, stats=stats)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import ppo_async.modes  # noqa: F401  (registers every mode)
 from ppo_async.config import Config, ConfigError
+from ppo_async.distributed import initialize, is_multi_process, process_log_path
 from ppo_async.policy import Policy, check_seed_index
 from ppo_async.recorder import RunRecorder, import_wandb
 from ppo_async.registry import get_mode
@@ -49,10 +50,17 @@ def train(
         raise ConfigError(f"resume is not supported for mode={config.mode!r} ({mode.why_not_resumable})")
     if resume and config.run_dir is None:
         raise ConfigError("resume=True needs config.run_dir (the run to continue)")
-    check_can_start(config, resume)  # before anything is compiled
-    import_wandb(config)  # likewise: a missing optional package is reported at once
+    # several processes: join them first (before JAX computes anything here); process 0 alone
+    # writes the run directory, every process its own log file in it
+    initialize(config.distributed)
+    process = config.distributed.process_id or 0
+    if process == 0:
+        check_can_start(config, resume)  # before anything is compiled
+        import_wandb(config)  # likewise: a missing optional package is reported at once
     labels = [{"seed": config.seed + i} for i in range(config.num_seeds)]
-    recorder = RunRecorder(config, labels, progress=progress, on_iteration=on_iteration)
+    log = process_log_path(config.run_dir, process) if is_multi_process(config) and config.run_dir else None
+    recorder = RunRecorder(config, labels, progress=progress and process == 0, on_iteration=on_iteration,
+                           writes_files=process == 0, process_log=log)
     try:
         return mode.run(config, recorder, resume)
     finally:

@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from ppo_async import envs, host_envs, learner
+from ppo_async import distributed, envs, host_envs, learner
 from ppo_async.buffer import RingBuffer
 from ppo_async.config import Config, ConfigError, config_to_dict
 from ppo_async.lag import must_force_refresh, schedule_record, should_refresh
@@ -105,17 +105,23 @@ class Placement:
     """Where each part runs: one device per sampler, the learner's devices, the buffer's device."""
 
     sampler_devices: tuple[Any, ...]
-    learner_devices: tuple[Any, ...]
+    learner_devices: tuple[Any, ...]  # this process's
+    mesh_devices: tuple[Any, ...] = ()  # several processes: every process's learner devices (the update's mesh)
 
     @property
     def buffer_device(self) -> Any:
         return self.learner_devices[0]
 
+    @property
+    def update_devices(self) -> tuple[Any, ...]:
+        """The devices of the learner update: this process's, or every process's."""
+        return self.mesh_devices or self.learner_devices
+
 
 def _learner_device_count_ok(config: Config, count: int) -> bool:
-    """The learner batch splits evenly: envs over devices, each shard into whole minibatches."""
+    """This process's learner batch splits evenly: envs over its devices, each shard into whole minibatches."""
     envs_per_batch = config.rollout.num_envs * config.threaded.effective_chunks_per_batch
-    return envs_per_batch % count == 0 and (config.batch_size // count) % config.ppo.num_minibatches == 0
+    return envs_per_batch % count == 0 and (config.local_batch_size // count) % config.ppo.num_minibatches == 0
 
 
 def resolve_placement(config: Config, devices: Sequence[Any] | None = None) -> Placement:
@@ -125,9 +131,11 @@ def resolve_placement(config: Config, devices: Sequence[Any] | None = None) -> P
     (empty): one device runs everything; with several, the learner gets the last half (the
     largest count <= D // 2 that splits the batch evenly) and the samplers the first half,
     round-robin. Raises ConfigError naming the field for an index out of range or a learner
-    device count that does not split the batch.
+    device count that does not split the batch. With several processes the indices are into
+    this process's devices, and `mesh_devices` lists every process's learner devices.
     """
-    devices = list(jax.devices() if devices is None else devices)
+    multi = devices is None and distributed.is_multi_process(config)
+    devices = list(jax.local_devices() if devices is None else devices)
     tcfg = config.threaded
     for name in ("sampler_devices", "learner_devices"):
         bad = [i for i in getattr(tcfg, name) if i >= len(devices)]
@@ -143,7 +151,7 @@ def resolve_placement(config: Config, devices: Sequence[Any] | None = None) -> P
                 f"threaded.learner_devices = {tcfg.learner_devices} is invalid: {len(learner_devices)} devices must "
                 f"divide the batch's envs (rollout.num_envs * chunks = "
                 f"{config.rollout.num_envs * tcfg.effective_chunks_per_batch}) and leave whole minibatches "
-                f"(batch {config.batch_size} / devices divisible by ppo.num_minibatches = {config.ppo.num_minibatches})"
+                f"(batch {config.local_batch_size} / devices divisible by ppo.num_minibatches = {config.ppo.num_minibatches})"
             )
     elif len(devices) == 1:
         learner_devices = devices[:1]
@@ -157,7 +165,8 @@ def resolve_placement(config: Config, devices: Sequence[Any] | None = None) -> P
     else:
         pool = devices[: len(devices) - len(devices) // 2]
     samplers = tuple(pool[s % len(pool)] for s in range(tcfg.num_samplers))
-    return Placement(sampler_devices=samplers, learner_devices=tuple(learner_devices))
+    mesh = distributed.global_learner_devices(learner_devices) if multi else ()
+    return Placement(sampler_devices=samplers, learner_devices=tuple(learner_devices), mesh_devices=mesh)
 
 
 def make_learner_update(config: Config, placement: Placement, lag_buckets: int) -> tuple[Callable, Callable, Callable]:
@@ -168,8 +177,11 @@ def make_learner_update(config: Config, placement: Placement, lag_buckets: int) 
     The update's metrics also hold the consumed rollout's episode metrics (`rollout_metrics`),
     so the learner thread fetches everything in one transfer and runs no eager device ops.
     """
-    devices = placement.learner_devices
-    if len(devices) == 1:
+    devices = placement.update_devices
+    if placement.mesh_devices:  # several processes: one update over every process's learner devices
+        _, _, ctx = make_contexts(config, lag_buckets=lag_buckets, axis_name=LEARNER_AXIS)
+        base, place_state, place_trajectory = distributed.multi_process_update(ctx, devices)
+    elif len(devices) == 1:
         _, _, ctx = make_contexts(config, lag_buckets=lag_buckets)
         base = lambda st, tr, k, hp: learner.ppo_update(ctx, st, tr, k, hp)  # noqa: E731
         place_state = lambda tree: jax.device_put(tree, devices[0])  # noqa: E731
@@ -445,6 +457,7 @@ def learner_loop(
 ) -> None:
     """Body of the learner thread: take chunks, update, publish, account, hand the row over."""
     config, store = shared.config, shared.store
+    multi = distributed.is_multi_process(config)
     consumed_total = dropped_stale_total = last_version = 0
     try:
         for iteration in range(1, config.num_iterations + 1):
@@ -461,11 +474,15 @@ def learner_loop(
             metrics, version, sgd_steps = jax.device_get((metrics, train_state.version, train_state.sgd_steps))
             last_version = int(version)
             if last_version > version_before:
-                store.publish(snapshot_of(train_state))
+                store.publish(distributed.local_value(snapshot_of(train_state)))
             done = time.perf_counter()
             metrics = dict(metrics)
-            consumed_total += int(metrics.pop("consumed"))
-            dropped_stale_total += int(metrics["dropped_stale"])
+            consumed, stale = int(metrics.pop("consumed")), int(metrics["dropped_stale"])
+            if multi:  # the update counted every process's samples: account for this process's
+                consumed, stale, metrics["lag_mean_local"] = distributed.local_take(
+                    tags, version_before, config.lag.max_lag, config.chunk_size)
+            consumed_total += consumed
+            dropped_stale_total += stale
             counters = shared.buffer.counters()
             accounting = threaded_accounting(
                 counters, config.chunk_size, sum(s.discarded for s in shared.stats), consumed_total, dropped_stale_total
@@ -536,7 +553,7 @@ def threaded_checkpoint_like(config: Config) -> ThreadedCheckpoint:
 
 def threaded_checkpoint(train_state: TrainState) -> ThreadedCheckpoint:
     """The learner's state on the host with a seed axis of 1, as other modes checkpoint theirs."""
-    return ThreadedCheckpoint(jax.tree.map(lambda x: np.asarray(x)[None], jax.device_get(train_state)))
+    return ThreadedCheckpoint(jax.tree.map(lambda x: np.asarray(x)[None], jax.device_get(distributed.local_value(train_state))))
 
 
 @dataclass
@@ -575,7 +592,7 @@ class ThreadedSetup:
                                 device=self.placement.buffer_device)
             buffer.warm_up(self.example)
         stats = [SamplerStats() for _ in range(config.threaded.num_samplers)]
-        store = ParamStore(snapshot_of(self.train_state))
+        store = ParamStore(distributed.local_value(snapshot_of(self.train_state)))
         return RunShared(config, store, buffer, threading.Event(), [], stats, self.placement.buffer_device)
 
 
@@ -631,7 +648,7 @@ def clear_program_cache() -> None:
 def threaded_programs(config: Config, placement: Placement, lag_buckets: int) -> ThreadedPrograms:
     """The jitted functions of `config`, shared by every run with the same `program_key`
     (the last `_PROGRAMS_KEPT` keys are kept), so a sweep of threaded runs compiles once per shape."""
-    key = program_key(config, placement.sampler_devices, placement.learner_devices, lag_buckets)
+    key = program_key(config, placement.sampler_devices, placement.update_devices, lag_buckets)
     if key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)
         return _PROGRAMS[key]
@@ -706,24 +723,29 @@ def make_threaded_setup(config: Config) -> ThreadedSetup:
     placement = resolve_placement(config)
     programs = threaded_programs(config, placement, lag_buckets_of(config))
     param_key, env_key, run_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+    sampler_key = jax.random.fold_in(run_key, 1)
+    if distributed.is_multi_process(config):  # params and learner key shared; samplers and envs per process
+        process = 1 + config.distributed.process_id
+        sampler_key, env_key = jax.random.fold_in(sampler_key, process), jax.random.fold_in(env_key, process)
     place_state = programs.place_state
     train_state = place_state(programs.init(param_key))
     hparams, run_key = place_state(hyperparams_from_config(config)), place_state(run_key)
     devices = placement.sampler_devices
     host_side = isinstance(programs.rollout_fn, host_envs.HostRollout)
-    keys = jax.random.split(jax.random.fold_in(run_key, 1), tcfg.num_samplers)
+    keys = jax.random.split(sampler_key, tcfg.num_samplers)
     sampler_keys = [jax.device_put(k, devices[s]) for s, k in enumerate(keys)]
     if host_side:
-        chunk_like = programs.rollout_fn.trajectory_like(snapshot_of(train_state))
+        chunk_like = programs.rollout_fn.trajectory_like(distributed.local_value(snapshot_of(train_state)))
     else:
         env_states = [jax.device_put(programs.reset(sampler_env_key(env_key, s)), devices[s]) for s in range(tcfg.num_samplers)]
-        chunk_like = jax.eval_shape(programs.rollout_fn, snapshot_of(train_state), env_states[0], sampler_keys[0])[1]
+        chunk_like = jax.eval_shape(programs.rollout_fn, distributed.local_value(snapshot_of(train_state)), env_states[0],
+                                    sampler_keys[0])[1]
     memory = device_memory_report(chunk_like, snapshot_of(train_state)[:2], config.buffer_capacity_chunks, placement.buffer_device)
     check_buffer_fits(config, memory)  # before compiling the rollout and the update
     example = None
     for device in dict.fromkeys(devices):  # compile the rollout once per sampler device
         s = devices.index(device)
-        snapshot = jax.device_put(snapshot_of(train_state), device)
+        snapshot = jax.device_put(distributed.local_value(snapshot_of(train_state)), device)
         if host_side:  # compiles the policy step and the assembly; steps no env
             example = programs.rollout_fn.warm_up(snapshot)
         else:
@@ -847,11 +869,49 @@ def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) ->
     thread's ConfigError / TimeoutError) when a thread fails, NonFiniteError when a row holds
     NaN/inf, TimeoutError when the learner starves for `threaded.timeout_s`, and
     KeyboardInterrupt after a clean stop on Ctrl-C (rows, schedule and a final checkpoint kept).
+    With several processes (`distributed.*`), `distributed.DistributedFailure` when another
+    process failed or died (naming it), after this process stopped cleanly.
     """
     if resume:
         raise ConfigError("resume is not supported for mode='threaded' (its lag depends on timing)")
     if config.num_seeds != 1:
         raise ConfigError(f"num_seeds = {config.num_seeds} is invalid for mode='threaded': must be 1")
+    if not distributed.is_multi_process(config):
+        return _run_threaded(config, recorder, None)
+    exchange = distributed.Exchange(config)
+    exchange.start_heartbeat()
+    try:
+        result = _run_threaded(config, recorder, exchange)
+        exchange.mark_done()
+        return result
+    except BaseException as exc:  # noqa: BLE001 - named, then re-raised
+        blamed = exchange.blame(exc)
+        if blamed is exc:
+            raise
+        raise blamed from exc
+    finally:
+        exchange.stop_heartbeat()
+
+
+def _open_recorder(recorder: RunRecorder, exchange: "distributed.Exchange | None") -> None:
+    """Opens the recorder; with several processes, process 0 first (it makes the run
+    directory, then tells the others), the others once it has."""
+    if exchange is None:
+        recorder.open()
+        return
+    if exchange.process_id != 0:
+        exchange.wait_run_dir()
+        recorder.open()
+        return
+    try:
+        recorder.open()
+    except BaseException as exc:
+        exchange.announce_run_dir(f"{type(exc).__name__}: {exc}")
+        raise
+    exchange.announce_run_dir("ok")
+
+
+def _run_threaded(config: Config, recorder: RunRecorder, exchange: "distributed.Exchange | None") -> TrainResult:
     setup = make_threaded_setup(config)
     shared = setup.shared()
     outputs: queue.Queue = queue.Queue(maxsize=LOG_QUEUE_SIZE)
@@ -859,9 +919,17 @@ def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) ->
 
     def log(item: LearnerOutput) -> None:
         row = {**recorder.labels[0], **item.row}  # labels (seed; config_id and grid values in a sweep) lead
+        records = item.records
+        if exchange is not None:  # process 0 records every process's iteration, the others their own
+            merged = exchange.iteration_rows(row, records, config, should_stop=lambda: bool(shared.errors))
+            if merged is None:
+                return
+            recorder.log_line(distributed.process_line(item.row))
+            row, records = merged
         recorder.record([row], row["iteration"], state=lambda: threaded_checkpoint(item.train_state))
-        recorder.append_schedule(VERSION_SCHEDULE_FILE, item.records)  # flushed per iteration: a SIGKILL keeps it
+        recorder.append_schedule(VERSION_SCHEDULE_FILE, records)  # flushed per iteration: a SIGKILL keeps it
 
+    _open_recorder(recorder, exchange)
     with recorder:
         m = setup.memory
         recorder.announce(f"ring buffer {m['buffer_bytes'] / 2**20:.1f} MB on {m['buffer_device']}, parameter snapshot "

@@ -1,0 +1,408 @@
+"""Several processes on JAX's multi-controller runtime (`jax.distributed`), for threaded mode.
+
+The design of Podracer's Sebulba and Cleanba: every process runs the same program - its own
+sampler threads on its local devices, its own ring buffer, and its share of one data-parallel
+learner update over the learner devices of *all* processes (gradients all-reduced once per SGD
+step by `learner.data_parallel_update`, so params stay identical everywhere and each process's
+samplers read the latest params locally). No home-made RPC: the per-iteration bookkeeping that
+process 0 writes (every process's counters, sampler columns and version records) travels
+through the coordination service's key-value store, which `jax.distributed` already runs.
+
+Pieces (pure where they can be):
+- `initialize(config.distributed)`: joins the processes (once, before any JAX computation).
+- `global_learner_devices`: the learner mesh, the same local positions on every process.
+- `replicate` / `global_trajectory`: host values and local trajectories as global arrays.
+- `Exchange`: per-iteration summaries to process 0, the run-directory handshake, failures.
+- `global_row`: process 0's metrics row from every process's summary (pure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.flatten_util import ravel_pytree
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ppo_async.config import Config, ConfigError, DistributedConfig, DistributedFailure
+from ppo_async.learner import data_parallel_update, learner_mesh, trajectory_partition
+from ppo_async.rollout import merge_rollout_stats
+from ppo_async.types import RolloutStats, Trajectory
+
+KEY_PREFIX = "ppo_async/"
+POLL_S = 0.05
+
+
+def is_multi_process(config: Config) -> bool:
+    return config.distributed.num_processes > 1
+
+
+def initialize(d: DistributedConfig) -> None:
+    """Joins this process to the run's processes (`jax.distributed.initialize`; loopback or the
+    given coordinator) unless already joined; nothing for one process.
+
+    Must run before JAX computes anything in the process - gymnax's import already does
+    (`python -m ppo_async train` joins before parsing the env name). Raises ConfigError when
+    JAX already runs here with another process layout, or when joining fails.
+    """
+    if d.num_processes == 1:
+        return
+    if jax.distributed.is_initialized():
+        if (jax.process_count(), jax.process_index()) != (d.num_processes, d.process_id):
+            raise ConfigError(
+                f"distributed.num_processes = {d.num_processes}, process_id = {d.process_id} do not match this "
+                f"process's jax.distributed ({jax.process_count()} processes, this one {jax.process_index()})"
+            )
+        return
+    try:
+        jax.distributed.initialize(
+            coordinator_address=d.coordinator_address, num_processes=d.num_processes, process_id=d.process_id,
+            initialization_timeout=d.initialization_timeout_s, heartbeat_timeout_seconds=d.heartbeat_timeout_s,
+        )
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(
+            f"distributed.coordinator_address = {d.coordinator_address!r}: joining {d.num_processes} processes as "
+            f"process {d.process_id} failed: {exc} (from Python, call ppo_async.distributed.initialize(config.distributed) "
+            "before anything imports gymnax or runs JAX)"
+        ) from exc
+    if jax.process_count() != d.num_processes:
+        raise ConfigError(f"distributed.num_processes = {d.num_processes} but JAX sees {jax.process_count()} processes")
+
+
+def distributed_from_args(args: Sequence[str], file_section: Mapping[str, Any] | None = None) -> DistributedConfig:
+    """The `distributed` section of `train` options (`--distributed.<field> V` or `=V`) over a
+    config file's (pure): what the CLI needs to join the processes before it parses the rest
+    (the full parse checks everything again)."""
+    values = dict(file_section or {})
+    names = {f.name for f in dataclasses.fields(DistributedConfig)}
+    for i, arg in enumerate(args):
+        flag, eq, inline = arg.partition("=")
+        field_name = flag[len("--distributed."):].replace("-", "_") if flag.startswith("--distributed.") else ""
+        if field_name in names:
+            raw = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            values[field_name] = int(raw) if raw.isdigit() and field_name != "coordinator_address" else raw
+    return DistributedConfig(**values)
+
+
+def local_devices() -> list[Any]:
+    """This process's devices, by id (what `threaded.*_devices` index in a multi-process run)."""
+    return sorted(jax.local_devices(), key=lambda d: d.id)
+
+
+def global_learner_devices(local_learner: Sequence[Any], all_devices: Sequence[Any] | None = None) -> tuple[Any, ...]:
+    """The learner devices of every process, process by process (pure given `all_devices`).
+
+    Every process runs the same config, so its learner uses the same positions among its own
+    devices (sorted by id) as `local_learner` does here. Process p's share of a global batch is
+    then the p-th block of the mesh's data axis.
+    """
+    devices = list(jax.devices() if all_devices is None else all_devices)
+    processes = sorted({d.process_index for d in devices})
+    mine = sorted((d for d in devices if d.process_index == local_learner[0].process_index), key=lambda d: d.id)
+    positions = [mine.index(d) for d in local_learner]
+    out = []
+    for p in processes:
+        theirs = sorted((d for d in devices if d.process_index == p), key=lambda d: d.id)
+        out.extend(theirs[i] for i in positions)
+    return tuple(out)
+
+
+def replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
+    """A pytree of values equal on every process as global arrays replicated over `mesh`."""
+    sharding = NamedSharding(mesh, PartitionSpec())
+
+    def one(x: Any) -> jax.Array:
+        value = np.asarray(x)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+    return jax.tree.map(one, tree)
+
+
+def local_value(tree: Any) -> Any:
+    """This process's copy of a replicated global pytree (one local device's shard per leaf):
+    what its samplers read and its checkpoints hold."""
+    return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) and not x.is_fully_addressable else x, tree)
+
+
+def global_trajectory(local: Trajectory, mesh: jax.sharding.Mesh, specs: Trajectory, stats: RolloutStats) -> Trajectory:
+    """This process's share of a learner batch as the global batch: transitions `[T, N_local]`
+    and `last_obs [N_local]` become the process's block of `[T, P * N_local]` / `[P * N_local]`
+    (split over the mesh as `specs` say); `stats` (already merged over processes) replicated."""
+    def place(x: Any, spec: PartitionSpec) -> jax.Array:
+        return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), x)
+
+    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    transitions = jax.tree.map(lambda spec, x: place(x, spec), specs.transitions, local.transitions, is_leaf=is_spec)
+    return Trajectory(transitions=transitions, last_obs=place(local.last_obs, specs.last_obs), stats=replicate(stats, mesh))
+
+
+def gathered_stats(local: RolloutStats) -> RolloutStats:
+    """The rollout statistics of the global batch: every process's (one all-gather of the
+    flattened statistics), merged by `rollout.merge_rollout_stats`; equal on every process."""
+    flat, unravel = ravel_pytree(jax.device_get(local))
+    stacked = multihost_utils.process_allgather(np.asarray(flat))
+    return merge_rollout_stats([unravel(row) for row in stacked])
+
+
+def multi_process_update(ctx: Any, learner_devices: Sequence[Any]) -> tuple[Callable, Callable, Callable]:
+    """`learner.data_parallel_update` over the learner devices of every process:
+    `(update, place_state, place_trajectory)`. `place_state` turns a host value equal on every
+    process into a replicated global array; `place_trajectory` turns this process's learner
+    batch into its block of the global batch (statistics gathered and merged)."""
+    update, _, _ = data_parallel_update(ctx, learner_devices)
+    mesh = learner_mesh(learner_devices)
+
+    def place_trajectory(local: Trajectory) -> Trajectory:
+        return global_trajectory(local, mesh, trajectory_partition(local), gathered_stats(local.stats))
+
+    return update, lambda tree: replicate(tree, mesh), place_trajectory
+
+
+def local_take(tags: Sequence[tuple[int, float, int]], learner_version: int, max_lag: int | None,
+               chunk_size: int) -> tuple[int, int, float]:
+    """`(consumed, dropped_stale, mean lag)` of the chunks this process gave one update (pure):
+    the update's own counts are global, each process accounts for its own samples. A chunk's
+    samples share its `policy_version`, so a chunk is dropped whole when its lag exceeds
+    `max_lag` (`learner.stale_weight`)."""
+    lags = [learner_version - int(version) for _, _, version in tags]
+    stale = sum(chunk_size for lag in lags if max_lag is not None and lag > max_lag)
+    return len(tags) * chunk_size - stale, stale, float(np.mean(lags))
+
+
+# ----------------------------------------------------------------------------------------
+# The coordination service's key-value store: summaries, the run-directory handshake, failures
+# ----------------------------------------------------------------------------------------
+
+
+def _client() -> Any:
+    from jax._src import distributed as jax_distributed  # the client jax.distributed.initialize made
+
+    client = jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError("jax.distributed is not initialized in this process")
+    return client
+
+
+class Exchange:
+    """What the processes of one run tell each other through the coordination service.
+
+    Keys live under `ppo_async/<run id>/`; every wait polls in `POLL_S` steps so that a stop
+    (`should_stop()`) or a peer's failure ends it at once, and a dead peer is named.
+    """
+
+    def __init__(self, config: Config, client: Any = None) -> None:
+        self.config = config
+        self.num_processes = config.distributed.num_processes
+        self.process_id = config.distributed.process_id
+        self.client = _client() if client is None else client
+        self.prefix = KEY_PREFIX + "run/"
+        self._stopped = threading.Event()
+
+    # -- failures
+    def report_failure(self, message: str) -> None:
+        """Tells the other processes this one failed (best effort: the service may be gone)."""
+        try:
+            self.client.key_value_set(f"{self.prefix}failed/{self.process_id}", message[:2000])
+        except Exception:  # noqa: BLE001
+            pass
+
+    def failures(self) -> dict[int, str]:
+        """Process id -> message of every process that reported a failure."""
+        try:
+            entries = self.client.key_value_dir_get(f"{self.prefix}failed/")
+        except Exception:  # noqa: BLE001
+            return {}
+        return {int(key.rpartition("/")[2]): value for key, value in entries}
+
+    def start_heartbeat(self, every_s: float = 0.25) -> None:
+        """A daemon thread that bumps this process's counter `alive/<id>` every `every_s`: a
+        peer whose counter stops moving has died (`dead_processes`). (The coordination
+        service's own liveness query waits for every process, so it cannot name the dead.)"""
+        def beat() -> None:
+            while not self._stopped.wait(every_s):
+                try:
+                    self.client.key_value_increment(f"{self.prefix}alive/{self.process_id}", 1)
+                except Exception:  # noqa: BLE001 - the service is gone: nothing left to tell
+                    return
+
+        threading.Thread(target=beat, name="ppo_async-heartbeat", daemon=True).start()
+
+    def stop_heartbeat(self) -> None:
+        self._stopped.set()
+
+    def _beats(self) -> dict[int, str]:
+        try:
+            return {int(k.rpartition("/")[2]): v for k, v in self.client.key_value_dir_get(f"{self.prefix}alive/")}
+        except Exception:  # noqa: BLE001
+            return {}
+
+    def dead_processes(self, watch_s: float = 1.5) -> list[int]:
+        """Other processes whose heartbeat counter did not move in `watch_s` seconds."""
+        before = self._beats()
+        time.sleep(watch_s)
+        after = self._beats()
+        done = self._done()
+        return sorted(p for p in range(self.num_processes)
+                      if p != self.process_id and p not in done and before.get(p) == after.get(p))
+
+    def mark_done(self) -> None:
+        """This process finished its run (a stopped heartbeat then means done, not dead)."""
+        try:
+            self.client.key_value_set(f"{self.prefix}done/{self.process_id}", "1")
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _done(self) -> set[int]:
+        try:
+            return {int(k.rpartition("/")[2]) for k, _ in self.client.key_value_dir_get(f"{self.prefix}done/")}
+        except Exception:  # noqa: BLE001
+            return set()
+
+    def describe_failure(self, wait_s: float = 2.0) -> str | None:
+        """Names the other processes that failed (their message) or died, waiting up to `wait_s`
+        for a report (0: reported failures only, no liveness check); None when there is none."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            failed = {p: m for p, m in self.failures().items() if p != self.process_id}
+            if failed or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S)
+        dead = self.dead_processes() if wait_s > 0 and not failed else []
+        parts = [f"process {p} failed: {m}" for p, m in sorted(failed.items())]
+        parts += [f"process {p} died (no message: killed, or its machine went away)" for p in dead]
+        return "; ".join(parts) or None
+
+    # -- the run directory
+    def announce_run_dir(self, outcome: str) -> None:
+        """Process 0: the run directory is ready ("ok") or could not be made (the error)."""
+        self.client.key_value_set(f"{self.prefix}run_dir", outcome)
+
+    def wait_run_dir(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Processes > 0: waits for process 0's run directory; ConfigError with its error."""
+        outcome = self._get(f"{self.prefix}run_dir", self.config.distributed.initialization_timeout_s, should_stop)
+        if outcome is not None and outcome != "ok":
+            raise DistributedFailure(f"process 0 could not prepare the run directory: {outcome}")
+
+    # -- per-iteration summaries
+    def put_summary(self, iteration: int, summary: Mapping[str, Any]) -> None:
+        self.client.key_value_set(f"{self.prefix}summary/{iteration}/{self.process_id}", json.dumps(summary))
+
+    def gather_summaries(self, iteration: int, own: Mapping[str, Any], timeout_s: float,
+                         should_stop: Callable[[], bool]) -> list[dict[str, Any]] | None:
+        """Process 0: every process's summary of `iteration`, in process order (its own first);
+        None when `should_stop()` turned true while waiting."""
+        out = [dict(own)]
+        for p in range(1, self.num_processes):
+            key = f"{self.prefix}summary/{iteration}/{p}"
+            value = self._get(key, timeout_s, should_stop)
+            if value is None:
+                return None
+            out.append(json.loads(value))
+            self.client.key_value_delete(key)
+        return out
+
+    def iteration_rows(self, row: Mapping[str, Any], records: Sequence[Mapping[str, Any]], config: Config,
+                       should_stop: Callable[[], bool]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """This process's row and version records of one iteration -> what its recorder records:
+        on process 0 the global row and every process's records (`global_row`), elsewhere its
+        own (sent on to process 0). None when `should_stop()` turned true while waiting."""
+        iteration = int(row["iteration"])
+        summary = process_summary(row, records)
+        if self.process_id != 0:
+            self.put_summary(iteration, summary)
+            return dict(row), [dict(r) for r in records]
+        summaries = self.gather_summaries(iteration, summary, config.threaded.timeout_s, should_stop)
+        if summaries is None:
+            return None
+        return global_row(row, summaries, config.threaded.num_samplers, config.batch_size)
+
+    def blame(self, exc: BaseException) -> BaseException:
+        """The error this process ends with: a `DistributedFailure` naming the processes that
+        failed or died first when there are any (this one's error followed from theirs), else
+        `exc` itself, after telling the others this process failed."""
+        peers = self.describe_failure(wait_s=3.0)
+        if peers:
+            return DistributedFailure(f"{peers}; process {self.process_id} stopped with it ({type(exc).__name__}: "
+                                      f"{str(exc)[:300]})")
+        self.report_failure(f"{type(exc).__name__}: {exc}")
+        return exc
+
+    def _get(self, key: str, timeout_s: float, should_stop: Callable[[], bool]) -> str | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.client.blocking_key_value_get(key, int(POLL_S * 1000))
+            except Exception as exc:  # noqa: BLE001 - DEADLINE_EXCEEDED: not there yet
+                if "DEADLINE" not in str(exc).upper() and "NOT_FOUND" not in str(exc).upper():
+                    raise DistributedFailure(f"the coordination service failed while waiting for {key}: {exc}") from exc
+            if should_stop():
+                return None
+            failure = self.describe_failure(wait_s=0.0)
+            if failure:
+                raise DistributedFailure(failure)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"process {self.process_id} waited {timeout_s:.0f}s for {key} from the other processes")
+
+
+# ----------------------------------------------------------------------------------------
+# Process 0's metrics row from every process's summary (pure)
+# ----------------------------------------------------------------------------------------
+
+SAMPLER_COLUMNS = ("sampler_steps_per_second", "sampler_rollout_s", "sampler_wait_params_s", "sampler_wait_buffer_s",
+                   "sampler_wait_space_s", "sampler_write_s", "sampler_latency_s", "sampler_forced_refreshes")
+PROCESS_ACCOUNTING = ("samples_produced", "samples_dropped", "samples_resident", "dropped_forced_refresh", "dropped_overwritten")
+
+
+def process_summary(row: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What one process sends process 0 for an iteration: its local accounting and sampler
+    columns, the chunks it consumed (sampler, behaviour version) and its version records."""
+    keep = set(PROCESS_ACCOUNTING) | set(SAMPLER_COLUMNS) | {"samples_consumed", "dropped_stale_total", "sampler_id",
+                                                               "behavior_version", "buffer_fill", "lag_mean_local"}
+    return {"row": {k: v for k, v in row.items() if k in keep}, "records": [dict(r) for r in records]}
+
+
+def global_row(own_row: Mapping[str, Any], summaries: Sequence[Mapping[str, Any]], num_samplers: int,
+               batch_size: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Process 0's row of one iteration and every process's version records (pure).
+
+    The update's metrics (losses, KL, the lag histogram) are already global; the accounting is
+    the sum over processes (`produced = consumed + dropped + resident` holds globally as it
+    holds per process); sampler columns list every process's samplers (global sampler id
+    `p * num_samplers + s`); `process_*` columns list one value per process.
+    """
+    rows = [s["row"] for s in summaries]
+    row = dict(own_row)
+    for name in PROCESS_ACCOUNTING + ("samples_consumed", "dropped_stale_total"):
+        row[name] = int(sum(r[name] for r in rows))
+        row[f"process_{name}"] = [int(r[name]) for r in rows]
+    row["env_steps"] = row["samples_consumed"] + row["dropped_stale_total"]
+    for name in SAMPLER_COLUMNS:
+        row[name] = [v for r in rows for v in r[name]]
+    as_list = lambda v: v if isinstance(v, list) else [v]  # noqa: E731
+    row["sampler_id"] = [p * num_samplers + s for p, r in enumerate(rows) for s in as_list(r["sampler_id"])]
+    row["behavior_version"] = [v for r in rows for v in as_list(r["behavior_version"])]
+    row["process_buffer_fill"] = [r["buffer_fill"] for r in rows]
+    row["process_lag_mean"] = [r["lag_mean_local"] for r in rows]
+    assert sum(row["lag_histogram"]) == batch_size, (sum(row["lag_histogram"]), batch_size)
+    records = [dict(rec, process_id=p, sampler_id=p * num_samplers + rec["sampler_id"])
+               for p, s in enumerate(summaries) for rec in s["records"]]
+    return row, records
+
+
+def process_log_path(run_dir: str, process_id: int) -> str:
+    return os.path.join(run_dir, "logs", f"process_{process_id}.log")
+
+
+def process_line(row: Mapping[str, Any]) -> str:
+    """One line of a process's log file for an iteration (its own samplers and buffer)."""
+    rates = row.get("sampler_steps_per_second") or []
+    return (f"iteration {row['iteration']}: produced {row['samples_produced']}, consumed {row['samples_consumed']}, "
+            f"dropped {row['samples_dropped']}, resident {row['samples_resident']}, lag_mean_local "
+            f"{row.get('lag_mean_local', float('nan')):.2f}, sampler env steps/s {[round(r) for r in rates]}")

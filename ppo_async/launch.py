@@ -1,0 +1,176 @@
+"""`python -m ppo_async launch --num-processes N -- train ...`: N local processes of one run.
+
+Starts N `python -m ppo_async train` processes on this machine with the `distributed.*` flags
+filled in (coordinator on 127.0.0.1 at a free port, the same run directory for all), streams
+their output line by line with a `[i]` prefix, and returns the first non-zero exit status
+(0 when all succeed). When one process fails, the others get `heartbeat + 10 s` to stop on
+their own (they name the failed process) and are then killed, so nothing hangs. On several
+hosts the same `train` command runs on each with the `--distributed.*` flags (README).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Sequence
+
+from ppo_async.config import ConfigError
+
+LAUNCH_HELP = """usage: python -m ppo_async launch --num-processes N [--port PORT] -- train [TRAIN OPTIONS]
+
+Runs one multi-process training run on this machine: N processes of `train`, each with its
+own sampler threads and ring buffer and a share of one data-parallel learner (jax.distributed
+over loopback). Process 0 writes the run directory; every process writes
+RUN_DIR/logs/process_<i>.log. Output lines are prefixed with [i]. The exit status is the first
+non-zero one of any process (0 when every process succeeds).
+
+options:
+  -h, --help           show this help and exit
+  --num-processes N    processes to start (>= 2)
+  --port PORT          coordinator port on 127.0.0.1 (default: a free one)
+The TRAIN OPTIONS are those of `train` (mode threaded), without --distributed.* (set here).
+"""
+
+GRACE_S = 10.0  # after a failure: the others' heartbeat timeout plus this, then they are killed
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def process_args(train_args: Sequence[str], num_processes: int, process_id: int, address: str) -> list[str]:
+    """The `train` command line of process `process_id` (pure)."""
+    return ["train", *train_args, "--distributed.num-processes", str(num_processes),
+            "--distributed.process-id", str(process_id), "--distributed.coordinator-address", address]
+
+
+def exit_status(code: int) -> int:
+    """A child's return code as a shell exit status (killed by signal S -> 128 + S)."""
+    return 128 - code if code < 0 else code
+
+
+def first_failure(finished: Sequence[tuple[float, int, int]]) -> tuple[int, int] | None:
+    """`(process, return code)` of the earliest non-zero exit among `(time, process, code)`."""
+    failed = sorted((t, p, c) for t, p, c in finished if c != 0)
+    return (failed[0][1], failed[0][2]) if failed else None
+
+
+def _stream(prefix: str, pipe: IO[str], out: IO[str], lock: threading.Lock) -> None:
+    for line in pipe:
+        with lock:
+            out.write(f"{prefix}{line}")
+            out.flush()
+
+
+def launch(train_args: Sequence[str], num_processes: int, port: int | None = None, heartbeat_s: float = 10.0,
+           out: IO[str] | None = None) -> int:
+    """Runs `train TRAIN_ARGS` as `num_processes` local processes; returns the exit status."""
+    out = sys.stdout if out is None else out
+    address = f"127.0.0.1:{port or free_port()}"
+    lock = threading.Lock()
+    procs, streams = [], []
+    for i in range(num_processes):
+        proc = subprocess.Popen([sys.executable, "-m", "ppo_async", *process_args(train_args, num_processes, i, address)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        procs.append(proc)
+        streams.append(threading.Thread(target=_stream, args=(f"[{i}] ", proc.stdout, out, lock), daemon=True))
+        streams[-1].start()
+    finished: list[tuple[float, int, int]] = []
+    deadline = None
+    try:
+        while len(finished) < num_processes:
+            for i, proc in enumerate(procs):
+                if proc.poll() is not None and i not in {p for _, p, _ in finished}:
+                    finished.append((time.monotonic(), i, proc.returncode))
+                    if proc.returncode != 0 and deadline is None:
+                        deadline = time.monotonic() + heartbeat_s + GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                for i, proc in enumerate(procs):
+                    if proc.poll() is None:
+                        with lock:
+                            out.write(f"launch: process {i} still running {heartbeat_s + GRACE_S:.0f}s after a failure: killed\n")
+                        proc.kill()
+                deadline = float("inf")
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(timeout=heartbeat_s + GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        return 130
+    for thread in streams:
+        thread.join(timeout=5)
+    failure = first_failure(finished)
+    if failure is None:
+        return 0
+    process, code = failure
+    out.write(f"launch: process {process} failed first (exit status {exit_status(code)}); "
+              f"exit statuses {[exit_status(c) for _, _, c in sorted(finished, key=lambda f: f[1])]}\n")
+    out.flush()
+    return exit_status(code)
+
+
+def split_launch_args(argv: Sequence[str]) -> tuple[list[str], list[str]] | None:
+    """`(launch options, train options)` of `launch ... -- train ...`; None for --help.
+    Raises ConfigError without `-- train`, or with --distributed.* among the train options."""
+    args = list(argv)
+    if "--" not in args:
+        if any(a in ("-h", "--help") for a in args):
+            return None
+        raise ConfigError("launch needs `-- train [TRAIN OPTIONS]` after its own options")
+    split = args.index("--")
+    own, rest = args[:split], args[split + 1:]
+    if any(a in ("-h", "--help") for a in own):
+        return None
+    if not rest or rest[0] != "train":
+        raise ConfigError(f"launch runs `train`: expected `-- train ...`, got {' '.join(rest) or 'nothing'} after --")
+    if any(a.startswith("--distributed.") for a in rest[1:]):
+        raise ConfigError("launch sets the --distributed.* options of each process itself; leave them out")
+    return own, rest[1:]
+
+
+def parse_launch_options(own: Sequence[str]) -> tuple[int, int | None]:
+    """`(num_processes, port)` from `--num-processes N [--port P]`; ConfigError naming a bad one."""
+    values = _options(own, {"--num-processes", "--port"})
+    if "--num-processes" not in values:
+        raise ConfigError("launch --num-processes N is required")
+    num_processes = _int_option("--num-processes", values["--num-processes"], 2)
+    port = _int_option("--port", values["--port"], 1) if "--port" in values else None
+    return num_processes, port
+
+
+def _options(args: Sequence[str], names: set[str]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        name, _, inline = args[i].partition("=")
+        if name not in names:
+            raise ConfigError(f"launch: unknown option {args[i]!r} (see `python -m ppo_async launch --help`)")
+        if inline:
+            values[name] = inline
+            i += 1
+        elif i + 1 < len(args):
+            values[name] = args[i + 1]
+            i += 2
+        else:
+            raise ConfigError(f"launch: {name} needs a value")
+    return values
+
+
+def _int_option(name: str, value: str, minimum: int) -> int:
+    if not value.isdigit() or int(value) < minimum:
+        raise ConfigError(f"launch {name} = {value!r} is invalid: must be an integer >= {minimum}")
+    return int(value)
