@@ -19,6 +19,7 @@ Pieces (pure where they can be):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import threading
@@ -329,8 +330,8 @@ class Exchange:
         `exc` itself, after telling the others this process failed."""
         peers = self.describe_failure(wait_s=3.0)
         if peers:
-            return DistributedFailure(f"{peers}; process {self.process_id} stopped with it ({type(exc).__name__}: "
-                                      f"{str(exc)[:300]})")
+            first_line = (str(exc).splitlines() or [""])[0][:300]
+            return DistributedFailure(f"{peers}; process {self.process_id} stopped with it ({type(exc).__name__}: {first_line})")
         self.report_failure(f"{type(exc).__name__}: {exc}")
         return exc
 
@@ -406,3 +407,12 @@ def process_line(row: Mapping[str, Any]) -> str:
     return (f"iteration {row['iteration']}: produced {row['samples_produced']}, consumed {row['samples_consumed']}, "
             f"dropped {row['samples_dropped']}, resident {row['samples_resident']}, lag_mean_local "
             f"{row.get('lag_mean_local', float('nan')):.2f}, sampler env steps/s {[round(r) for r in rates]}")
+
+
+def params_digest(params: Any) -> str:
+    """SHA-256 of a params pytree's bytes (leaves in tree order): equal on every process of a
+    multi-process run, whose replicas must stay identical (logged at the end of each)."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(jax.device_get(local_value(params))):
+        digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return digest.hexdigest()

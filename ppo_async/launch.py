@@ -33,7 +33,8 @@ options:
   -h, --help           show this help and exit
   --num-processes N    processes to start (>= 2)
   --port PORT          coordinator port on 127.0.0.1 (default: a free one)
-The TRAIN OPTIONS are those of `train` (mode threaded), without --distributed.* (set here).
+The TRAIN OPTIONS are those of `train` (mode threaded), without --distributed.num-processes,
+--distributed.process-id and --distributed.coordinator-address (set here).
 """
 
 GRACE_S = 10.0  # after a failure: the others' heartbeat timeout plus this, then they are killed
@@ -125,7 +126,7 @@ def launch(train_args: Sequence[str], num_processes: int, port: int | None = Non
 
 def split_launch_args(argv: Sequence[str]) -> tuple[list[str], list[str]] | None:
     """`(launch options, train options)` of `launch ... -- train ...`; None for --help.
-    Raises ConfigError without `-- train`, or with --distributed.* among the train options."""
+    Raises ConfigError without `-- train`, or with an option launch sets among the train options."""
     args = list(argv)
     if "--" not in args:
         if any(a in ("-h", "--help") for a in args):
@@ -137,8 +138,10 @@ def split_launch_args(argv: Sequence[str]) -> tuple[list[str], list[str]] | None
         return None
     if not rest or rest[0] != "train":
         raise ConfigError(f"launch runs `train`: expected `-- train ...`, got {' '.join(rest) or 'nothing'} after --")
-    if any(a.startswith("--distributed.") for a in rest[1:]):
-        raise ConfigError("launch sets the --distributed.* options of each process itself; leave them out")
+    own_flags = [f"--distributed.{name}" for name in ("num-processes", "process-id", "coordinator-address")]
+    taken = [a for a in rest[1:] if a.split("=")[0] in own_flags]
+    if taken:
+        raise ConfigError(f"launch sets {', '.join(own_flags)} of each process itself; leave out {taken[0]}")
     return own, rest[1:]
 
 

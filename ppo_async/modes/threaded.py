@@ -945,6 +945,9 @@ def _run_threaded(config: Config, recorder: RunRecorder, exchange: "distributed.
                 log(outputs.get_nowait())
         if shared.last_put_state is not None:  # the state of the last logged iteration
             recorder.final_checkpoint(lambda: threaded_checkpoint(shared.last_put_state))
+            if exchange is not None:  # replicas must agree: each process logs its params' digest
+                recorder.log_line(f"final params sha256 {distributed.params_digest(shared.last_put_state.params)} "
+                                  f"at iteration {recorder.last_iteration}")
     raise_thread_errors(shared, threads)
     if interrupted:
         raise KeyboardInterrupt(f"threaded run stopped cleanly after {recorder.last_iteration} learner iterations")

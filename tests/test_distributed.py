@@ -1,0 +1,286 @@
+"""Several processes (jax.distributed over 127.0.0.1, CPU, one device per process): the
+multi-process learner update against the one-process updates, a 2-process threaded run
+through `launch` (identical params on both, the accounting identity, a run directory that
+`eval` loads), a killed process ending the other with a clear error, the launcher's exit
+statuses and the pure pieces (device order, stats merge, the global row, option parsing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ppo_async as pa
+from ppo_async import distributed, launch
+from ppo_async.config import ConfigError, DistributedConfig
+from ppo_async.rollout import merge_rollout_stats
+from ppo_async.types import RolloutStats, RunningMeanStd
+
+from conftest import REPO_ROOT, run_module
+
+TINY = ["--mode", "threaded", "--env", "Pendulum-v1", "--rollout.num-envs", "4", "--rollout.num-steps", "16",
+        "--ppo.num-epochs", "1", "--ppo.num-minibatches", "2", "--network.actor-hidden", "16",
+        "--network.critic-hidden", "16"]
+
+
+def dist(process_id: int, port: int, num_processes: int = 2) -> list[str]:
+    return ["--distributed.num-processes", str(num_processes), "--distributed.process-id", str(process_id),
+            "--distributed.coordinator-address", f"127.0.0.1:{port}"]
+
+
+# --------------------------------------------------------------------------------------
+# config and pure pieces
+# --------------------------------------------------------------------------------------
+
+
+def test_distributed_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"distributed.process_id = None .*must be set \(0 .. 1\)"):
+        DistributedConfig(num_processes=2, coordinator_address="127.0.0.1:1")
+    with pytest.raises(ConfigError, match=r"distributed.process_id = 2 .*< distributed.num_processes = 2"):
+        DistributedConfig(num_processes=2, process_id=2, coordinator_address="127.0.0.1:1")
+    with pytest.raises(ConfigError, match=r"distributed.coordinator_address = 'localhost' .*host:port"):
+        DistributedConfig(num_processes=2, process_id=0, coordinator_address="localhost")
+    with pytest.raises(ConfigError, match=r"distributed.process_id = 0 has no effect"):
+        DistributedConfig(process_id=0)
+    with pytest.raises(ConfigError, match=r"distributed.heartbeat_timeout_s = 30 has no effect"):
+        DistributedConfig(heartbeat_timeout_s=30)
+    with pytest.raises(ConfigError, match=r"mode = 'sync' is invalid: must be 'threaded' with distributed.num_processes = 2"):
+        pa.Config(distributed=DistributedConfig(num_processes=2, process_id=0, coordinator_address="127.0.0.1:1"))
+    config = pa.Config(mode="threaded", rollout=pa.RolloutConfig(num_envs=4, num_steps=16), total_env_steps=1024,
+                       distributed=DistributedConfig(num_processes=2, process_id=1, coordinator_address="127.0.0.1:9"))
+    assert (config.local_batch_size, config.batch_size, config.num_iterations) == (64, 128, 8)
+
+
+def test_distributed_section_is_read_from_the_command_line_before_parsing():
+    d = distributed.distributed_from_args(["--env", "CartPole-v1", *dist(1, 1234), "--distributed.heartbeat-timeout-s=7"])
+    assert (d.num_processes, d.process_id, d.coordinator_address, d.heartbeat_timeout_s) == (2, 1, "127.0.0.1:1234", 7)
+    assert distributed.distributed_from_args(["--env", "CartPole-v1"]) == DistributedConfig()
+    with pytest.raises(ConfigError, match="distributed.process_id"):
+        distributed.distributed_from_args(["--distributed.num-processes", "2", "--distributed.coordinator-address", "a:1"])
+
+
+class FakeDevice:
+    def __init__(self, id: int, process_index: int):
+        self.id, self.process_index = id, process_index
+
+    def __repr__(self):
+        return f"d{self.id}@p{self.process_index}"
+
+
+def test_global_learner_devices_take_the_same_local_positions_in_process_order():
+    devices = [FakeDevice(i, i // 4) for i in range(8)]  # 2 processes x 4 devices
+    mine = [devices[6], devices[7]]  # this process (1) learns on its last two devices
+    assert [d.id for d in distributed.global_learner_devices(mine, devices)] == [2, 3, 6, 7]
+    assert [d.id for d in distributed.global_learner_devices([devices[0]], devices)] == [0, 4]
+
+
+def test_merged_stats_of_two_shares_equal_the_stats_of_the_whole():
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (10, 3)) * 2.0 + 1.0)
+
+    def stats(rows):
+        return RolloutStats(jnp.float32(rows.sum()), jnp.float32(2 * len(rows)), jnp.float32(len(rows)),
+                            RunningMeanStd(jnp.asarray(rows.mean(0)), jnp.asarray(rows.var(0)), jnp.float32(len(rows))),
+                            jnp.int32(0))
+
+    merged = merge_rollout_stats([stats(x[:4]), stats(x[4:])])
+    whole = stats(x)
+    for a, b in zip(jax.tree.leaves(merged), jax.tree.leaves(whole)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_global_row_sums_the_processes_and_lists_every_sampler():
+    def local(produced, consumed, resident, sid, version, fill):
+        return {"samples_produced": produced, "samples_consumed": consumed, "samples_dropped": produced - consumed - resident,
+                "samples_resident": resident, "dropped_forced_refresh": 0, "dropped_overwritten": produced - consumed - resident,
+                "dropped_stale_total": 0, "sampler_id": sid, "behavior_version": version, "buffer_fill": fill,
+                "lag_mean_local": 1.0, **{name: [1.0, 2.0] for name in distributed.SAMPLER_COLUMNS}}
+
+    own = {"iteration": 3, "lag_histogram": [64, 64], "approx_kl": 0.01, **local(256, 192, 64, 1, 2, 0.5)}
+    summaries = [distributed.process_summary(own, [{"iteration": 3, "sampler_id": 1, "policy_version": 2}]),
+                 distributed.process_summary(local(320, 192, 64, 0, 1, 0.25), [{"iteration": 3, "sampler_id": 0, "policy_version": 1}])]
+    row, records = distributed.global_row(own, summaries, num_samplers=2, batch_size=128)
+    assert row["samples_produced"] == 576 and row["samples_consumed"] == 384 and row["samples_resident"] == 128
+    assert row["samples_produced"] == row["samples_consumed"] + row["samples_dropped"] + row["samples_resident"]
+    assert row["process_samples_produced"] == [256, 320] and row["env_steps"] == 384
+    assert row["sampler_id"] == [1, 2] and row["behavior_version"] == [2, 1]  # global ids p * 2 + s
+    assert row["sampler_steps_per_second"] == [1.0, 2.0, 1.0, 2.0] and row["approx_kl"] == 0.01
+    assert [(r["process_id"], r["sampler_id"]) for r in records] == [(0, 1), (1, 2)]
+
+
+def test_local_take_drops_whole_chunks_beyond_max_lag():
+    tags = [(0, 0.0, 5), (1, 0.0, 2)]  # (sampler, made_at, policy_version)
+    assert distributed.local_take(tags, 6, max_lag=2, chunk_size=64) == (64, 64, 2.5)
+    assert distributed.local_take(tags, 6, max_lag=None, chunk_size=64) == (128, 0, 2.5)
+
+
+def test_launch_parsing_and_exit_statuses():
+    assert launch.split_launch_args(["--num-processes", "2", "--", "train", "--env", "CartPole-v1"]) == (
+        ["--num-processes", "2"], ["--env", "CartPole-v1"])
+    assert launch.split_launch_args(["--help"]) is None
+    with pytest.raises(ConfigError, match="-- train"):
+        launch.split_launch_args(["--num-processes", "2"])
+    with pytest.raises(ConfigError, match="leave out --distributed.process-id"):
+        launch.split_launch_args(["--num-processes", "2", "--", "train", "--distributed.process-id", "1"])
+    assert launch.parse_launch_options(["--num-processes=3", "--port", "1234"]) == (3, 1234)
+    with pytest.raises(ConfigError, match=r"--num-processes = '1' is invalid"):
+        launch.parse_launch_options(["--num-processes", "1"])
+    assert launch.process_args(["--env", "X"], 2, 1, "127.0.0.1:5") == [
+        "train", "--env", "X", "--distributed.num-processes", "2", "--distributed.process-id", "1",
+        "--distributed.coordinator-address", "127.0.0.1:5"]
+    assert launch.exit_status(-9) == 137 and launch.exit_status(2) == 2
+    assert launch.first_failure([(1.0, 0, 0), (3.0, 1, -6), (2.0, 2, 1)]) == (2, 1)
+    assert launch.first_failure([(1.0, 0, 0)]) is None
+
+
+def test_launch_refuses_bad_train_options_before_starting_anything(cli_main):
+    done = cli_main(["launch", "--num-processes", "2", "--", "train", "--mode", "sync"])
+    assert done.returncode == 2 and "must be 'threaded' with distributed.num_processes = 2" in done.stderr
+    assert "[0]" not in done.stdout  # no process started
+
+
+# --------------------------------------------------------------------------------------
+# subprocesses: the update, a run, a killed process
+# --------------------------------------------------------------------------------------
+
+UPDATE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from ppo_async.xla_flags import apply_cpu_workarounds
+    apply_cpu_workarounds()
+    import jax, numpy as np
+    process_id, num_processes, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    if num_processes > 1:
+        jax.distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
+    import ppo_async as pa
+    from ppo_async import distributed, envs, learner
+    from ppo_async.modes.common import make_contexts
+    from ppo_async.rollout import concat_trajectories, rollout
+    from ppo_async.types import snapshot_of
+
+    cfg = pa.Config(rollout=pa.RolloutConfig(num_envs=8, num_steps=16), ppo=pa.PPOConfig(num_epochs=3, num_minibatches=1))
+    half = pa.Config(rollout=pa.RolloutConfig(num_envs=4, num_steps=16), ppo=pa.PPOConfig(num_epochs=3, num_minibatches=1))
+    _, rctx, ctx = make_contexts(half)
+    _, _, dp_ctx = make_contexts(cfg, axis_name=learner.LEARNER_AXIS)
+    hp = learner.hyperparams_from_config(cfg)
+    key = jax.random.PRNGKey(3)
+    with jax.default_device(jax.local_devices()[0]):  # both halves, the same on every process
+        state = learner.init_train_state(ctx, jax.random.PRNGKey(0), rctx.env.obs_shape)
+        halves = [rollout(rctx, snapshot_of(state), envs.reset_envs(rctx.env, jax.random.PRNGKey(10 + p), 4),
+                          jax.random.PRNGKey(20 + p))[1] for p in range(2)]
+        whole = concat_trajectories(halves)
+        ref, ref_m = jax.jit(lambda s, t, k, h: learner.ppo_update(ctx, s, t, k, h))(state, whole, key, hp)
+    if num_processes > 1:  # 2 processes x 1 device: each gives its half
+        update, place_state, place_traj = distributed.multi_process_update(dp_ctx, jax.devices())
+        out, m = update(place_state(state), place_traj(halves[process_id]), place_state(key), place_state(hp))
+    else:  # 1 process x 2 devices
+        update, place_state, place_traj = learner.data_parallel_update(dp_ctx, jax.devices()[:2])
+        out, m = update(place_state(state), place_traj(whole), place_state(key), place_state(hp))
+    out = distributed.local_value(out)
+    diff = lambda a, b: max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    print("RESULT " + json.dumps({
+        "devices": len(jax.devices()), "param_diff": diff(ref.params, out.params), "moved": diff(ref.params, state.params),
+        "obs_stats_diff": diff(ref.obs_stats, out.obs_stats), "digest": distributed.params_digest(out.params),
+        "kl": [float(ref_m["approx_kl"]), float(jax.device_get(distributed.local_value(m["approx_kl"])))],
+        "consumed": int(jax.device_get(distributed.local_value(m["consumed"]))),
+    }))
+    """
+)
+
+
+def _result(proc: subprocess.Popen | subprocess.CompletedProcess, out: str) -> dict:
+    assert proc.returncode == 0, out[-4000:]
+    return json.loads([line for line in out.splitlines() if line.startswith("RESULT ")][-1][len("RESULT "):])
+
+
+def test_update_over_two_processes_equals_two_devices_and_one_device():
+    port = launch.free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", UPDATE_SCRIPT, str(p), "2", str(port)], cwd=REPO_ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for p in range(2)]
+    two_devices = subprocess.run(
+        [sys.executable, "-c", UPDATE_SCRIPT, "0", "1", "0"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    results = [_result(p, out) for p, out in zip(procs, outs)]
+    single = _result(two_devices, two_devices.stdout + two_devices.stderr)
+    assert [r["devices"] for r in results] == [2, 2] and single["devices"] == 2
+    assert results[0]["moved"] > 1e-4  # the update moved the params: the comparison is not vacuous
+    for r in results + [single]:  # equal to the single-device update of the whole batch
+        assert r["param_diff"] < 1e-5 and r["obs_stats_diff"] < 1e-5
+        assert r["kl"][1] == pytest.approx(r["kl"][0], rel=1e-3, abs=1e-7) and r["consumed"] == 8 * 16
+    assert results[0]["digest"] == results[1]["digest"]  # bit-identical replicas
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("dist") / "run"
+    done = run_module(["launch", "--num-processes", "2", "--", "train", *TINY, "--total-env-steps", str(128 * 12),
+                       "--checkpoint-every", "4", "--run-dir", str(run_dir), "--quiet"], timeout=300)
+    return run_dir, done
+
+
+def test_two_process_run_keeps_identical_params_and_the_accounting(two_process_run):
+    run_dir, done = two_process_run
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "[0] final return" in done.stdout and "[1] final return" in done.stdout
+    rows = pa.read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == list(range(1, 13))
+    for r in rows:
+        assert r["samples_produced"] == r["samples_consumed"] + r["samples_dropped"] + r["samples_resident"]
+        assert r["samples_produced"] == sum(r["process_samples_produced"]) and len(r["process_samples_produced"]) == 2
+        assert sum(r["lag_histogram"]) == 128 and r["env_steps"] == 128 * r["iteration"]
+        assert len(r["sampler_steps_per_second"]) == 4 and all(0 <= s < 4 for s in r["sampler_id"])
+    schedule = pa.read_jsonl(run_dir / "version_schedule.jsonl")
+    assert {s["process_id"] for s in schedule} == {0, 1} and len(schedule) == 12 * 2
+    digests = []
+    for p in range(2):
+        log = (run_dir / "logs" / f"process_{p}.log").read_text()
+        assert "iteration 12:" in log
+        digests.append(re.search(r"final params sha256 (\w+) at iteration 12", log).group(1))
+    assert digests[0] == digests[1]
+    policy = pa.load(run_dir)  # process 0's checkpoint holds the same params
+    assert distributed.params_digest(policy.params) == digests[0]
+
+
+def test_a_multi_process_run_directory_evaluates(two_process_run, cli_main):
+    run_dir, done = two_process_run
+    assert done.returncode == 0
+    out = cli_main(["eval", str(run_dir), "--episodes", "2"])
+    assert out.returncode == 0 and "mean return" in out.stdout and "iteration 12" in out.stdout
+
+
+def test_a_killed_process_ends_the_other_with_an_error_naming_it(tmp_path):
+    port = launch.free_port()
+    run_dir = tmp_path / "run"
+    args = [*TINY, "--total-env-steps", str(128 * 5000), "--run-dir", str(run_dir), "--quiet",
+            "--distributed.heartbeat-timeout-s", "5"]
+    procs = [subprocess.Popen([sys.executable, "-m", "ppo_async", "train", *args, *dist(p, port)], cwd=REPO_ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in range(2)]
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.time() + 180
+        while time.time() < deadline and not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            assert all(p.poll() is None for p in procs), procs[0].stderr.read() if procs[0].poll() is not None else ""
+            time.sleep(0.1)
+        os.kill(procs[1].pid, signal.SIGKILL)
+        killed_at = time.time()
+        _, err = procs[0].communicate(timeout=5 + 10 + 5)  # the heartbeat timeout + 10 s (+ margin)
+        took = time.time() - killed_at
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert procs[0].returncode != 0 and took < 15, (procs[0].returncode, took)
+    assert "error: process 1 died" in err and "process 0 stopped with it" in err, err[-3000:]
+    rows = pa.read_jsonl(metrics)  # the run directory was finalised: every row whole
+    assert len(rows) >= 3 and [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
