@@ -205,6 +205,7 @@ class Exchange:
         self.client = _client() if client is None else client
         self.prefix = KEY_PREFIX + "run/"
         self._stopped = threading.Event()
+        self._dead: list[int] = []  # peers whose heartbeat stopped (the heartbeat thread's view)
 
     # -- failures
     def report_failure(self, message: str) -> None:
@@ -222,16 +223,32 @@ class Exchange:
             return {}
         return {int(key.rpartition("/")[2]): value for key, value in entries}
 
-    def start_heartbeat(self, every_s: float = 0.25) -> None:
-        """A daemon thread that bumps this process's counter `alive/<id>` every `every_s`: a
-        peer whose counter stops moving has died (`dead_processes`). (The coordination
-        service's own liveness query waits for every process, so it cannot name the dead.)"""
+    def start_heartbeat(self, on_peer_failure: Callable[[str], None] | None = None, every_s: float = 0.25) -> None:
+        """A daemon thread that bumps this process's counter `alive/<id>` every `every_s` and
+        watches the others': a peer whose counter stands still for half the heartbeat timeout
+        (and that is not done), or that reported a failure, is passed to `on_peer_failure` once
+        - well before JAX's coordination service aborts this process for it (one heartbeat
+        timeout), so the run stops cleanly. (The service's own liveness query waits for every
+        process, so it cannot name the dead.)"""
+        silence_s = self.config.distributed.heartbeat_timeout_s / 2
+        seen: dict[int, tuple[str, float]] = {}  # peer -> (last counter value, when it changed)
+
         def beat() -> None:
+            told = False
             while not self._stopped.wait(every_s):
                 try:
                     self.client.key_value_increment(f"{self.prefix}alive/{self.process_id}", 1)
+                    beats, done, now = self._beats(), self._done(), time.monotonic()
                 except Exception:  # noqa: BLE001 - the service is gone: nothing left to tell
                     return
+                for peer, value in beats.items():
+                    if seen.get(peer, (None,))[0] != value:
+                        seen[peer] = (value, now)
+                self._dead = sorted(p for p, (_, since) in seen.items()
+                                    if p != self.process_id and p not in done and now - since > silence_s)
+                if on_peer_failure is not None and not told and self._dead:
+                    told = True
+                    on_peer_failure(self.describe_failure(wait_s=0.0) or "")
 
         threading.Thread(target=beat, name="ppo_async-heartbeat", daemon=True).start()
 
@@ -239,19 +256,10 @@ class Exchange:
         self._stopped.set()
 
     def _beats(self) -> dict[int, str]:
-        try:
-            return {int(k.rpartition("/")[2]): v for k, v in self.client.key_value_dir_get(f"{self.prefix}alive/")}
-        except Exception:  # noqa: BLE001
-            return {}
+        return {int(k.rpartition("/")[2]): v for k, v in self.client.key_value_dir_get(f"{self.prefix}alive/")}
 
-    def dead_processes(self, watch_s: float = 1.5) -> list[int]:
-        """Other processes whose heartbeat counter did not move in `watch_s` seconds."""
-        before = self._beats()
-        time.sleep(watch_s)
-        after = self._beats()
-        done = self._done()
-        return sorted(p for p in range(self.num_processes)
-                      if p != self.process_id and p not in done and before.get(p) == after.get(p))
+    def _done(self) -> set[int]:
+        return {int(k.rpartition("/")[2]) for k, _ in self.client.key_value_dir_get(f"{self.prefix}done/")}
 
     def mark_done(self) -> None:
         """This process finished its run (a stopped heartbeat then means done, not dead)."""
@@ -260,24 +268,19 @@ class Exchange:
         except Exception:  # noqa: BLE001
             pass
 
-    def _done(self) -> set[int]:
-        try:
-            return {int(k.rpartition("/")[2]) for k, _ in self.client.key_value_dir_get(f"{self.prefix}done/")}
-        except Exception:  # noqa: BLE001
-            return set()
-
     def describe_failure(self, wait_s: float = 2.0) -> str | None:
-        """Names the other processes that failed (their message) or died, waiting up to `wait_s`
-        for a report (0: reported failures only, no liveness check); None when there is none."""
+        """Names the other processes that failed (their message) or died (silent heartbeat),
+        waiting up to `wait_s` for either; None when there is none."""
         deadline = time.monotonic() + wait_s
         while True:
             failed = {p: m for p, m in self.failures().items() if p != self.process_id}
-            if failed or time.monotonic() >= deadline:
+            dead = [p for p in self._dead if p not in failed]
+            if failed or dead or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_S)
-        dead = self.dead_processes() if wait_s > 0 and not failed else []
         parts = [f"process {p} failed: {m}" for p, m in sorted(failed.items())]
-        parts += [f"process {p} died (no message: killed, or its machine went away)" for p in dead]
+        parts += [f"process {p} died (no heartbeat for {self.config.distributed.heartbeat_timeout_s / 2:.1f}s: "
+                  "killed, or its machine went away)" for p in dead]
         return "; ".join(parts) or None
 
     # -- the run directory
@@ -328,7 +331,12 @@ class Exchange:
         """The error this process ends with: a `DistributedFailure` naming the processes that
         failed or died first when there are any (this one's error followed from theirs), else
         `exc` itself, after telling the others this process failed."""
-        peers = self.describe_failure(wait_s=3.0)
+        if isinstance(exc, DistributedFailure):  # the heartbeat thread's finding, already named
+            return exc
+        # a collective that failed (a peer died mid all-reduce): wait until its heartbeat is
+        # known to have stopped; any other error: a moment for a peer's earlier report
+        collective = any(word in str(exc) for word in ("Gloo", "Connection", "UNAVAILABLE", "collective"))
+        peers = self.describe_failure(wait_s=self.config.distributed.heartbeat_timeout_s / 2 + 1.0 if collective else 0.2)
         if peers:
             first_line = (str(exc).splitlines() or [""])[0][:300]
             return DistributedFailure(f"{peers}; process {self.process_id} stopped with it ({type(exc).__name__}: {first_line})")

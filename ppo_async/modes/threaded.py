@@ -40,7 +40,7 @@ import numpy as np
 
 from ppo_async import distributed, envs, host_envs, learner
 from ppo_async.buffer import RingBuffer
-from ppo_async.config import Config, ConfigError, config_to_dict
+from ppo_async.config import Config, ConfigError, DistributedFailure, config_to_dict
 from ppo_async.lag import must_force_refresh, schedule_record, should_refresh
 from ppo_async.learner import LEARNER_AXIS, hyperparams_from_config
 from ppo_async.metrics import NonFiniteError, to_python
@@ -790,12 +790,12 @@ def start_threads(setup: ThreadedSetup, shared: RunShared, outputs: queue.Queue)
     return threads
 
 
-def stop_threads(shared: RunShared, threads: Sequence[threading.Thread]) -> None:
-    """Asks every thread to stop, wakes the blocked ones and joins them all within JOIN_TIMEOUT_S."""
+def stop_threads(shared: RunShared, threads: Sequence[threading.Thread], timeout_s: float = JOIN_TIMEOUT_S) -> None:
+    """Asks every thread to stop, wakes the blocked ones and joins them all within `timeout_s`."""
     shared.stop.set()
     shared.buffer.close()
     shared.store.close()
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     for thread in threads:
         thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
@@ -829,8 +829,10 @@ def watch(shared: RunShared, learner_thread: threading.Thread, outputs: queue.Qu
 def raise_thread_errors(shared: RunShared, threads: Sequence[threading.Thread]) -> None:
     """Re-raises the first thread failure in the caller (with its traceback); or names stuck threads."""
     stuck = describe_stuck(shared, threads)
-    if shared.errors:
-        name, exc, tb = shared.errors[0]
+    if shared.errors:  # the first, unless a peer process failed: that is the cause of the others
+        name, exc, tb = next((e for e in shared.errors if isinstance(e[1], DistributedFailure)), shared.errors[0])
+        if isinstance(exc, DistributedFailure):
+            raise exc
         if isinstance(exc, (NonFiniteError, ConfigError, TimeoutError)):
             exc.add_note(f"(raised in thread ppo_async-{name})")
             if stuck:
@@ -879,7 +881,6 @@ def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) ->
     if not distributed.is_multi_process(config):
         return _run_threaded(config, recorder, None)
     exchange = distributed.Exchange(config)
-    exchange.start_heartbeat()
     try:
         result = _run_threaded(config, recorder, exchange)
         exchange.mark_done()
@@ -914,6 +915,8 @@ def _open_recorder(recorder: RunRecorder, exchange: "distributed.Exchange | None
 def _run_threaded(config: Config, recorder: RunRecorder, exchange: "distributed.Exchange | None") -> TrainResult:
     setup = make_threaded_setup(config)
     shared = setup.shared()
+    if exchange is not None:  # a peer that dies stops this run like a failing thread (before JAX aborts it)
+        exchange.start_heartbeat(lambda message: _record_failure(shared, "peer", DistributedFailure(message)))
     outputs: queue.Queue = queue.Queue(maxsize=LOG_QUEUE_SIZE)
     shared.keeps_state = recorder.wants_state
 
@@ -937,8 +940,8 @@ def _run_threaded(config: Config, recorder: RunRecorder, exchange: "distributed.
         threads = start_threads(setup, shared, outputs)
         try:
             interrupted = watch(shared, threads[-1], outputs, log)
-        finally:
-            stop_threads(shared, threads)
+        finally:  # (several processes: a learner stuck in a collective with a dead peer is not waited for)
+            stop_threads(shared, threads, JOIN_TIMEOUT_S if exchange is None else 1.0)
             close_host_envs(setup, threads)
         if not shared.errors:
             while not outputs.empty():  # rows finished before the stop still count
