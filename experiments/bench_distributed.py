@@ -1,7 +1,7 @@
 """Benchmark: one threaded run as 2 processes x 1 device vs 1 process x 2 devices, and the
 cost of the cross-process all-reduce per SGD step.
 
-    python experiments/bench_distributed.py              # full run, about 5 min on a 2-core CPU
+    python experiments/bench_distributed.py              # full run, about 3 min on a 2-core CPU
     python experiments/bench_distributed.py --quick      # smoke run (tiny budgets)
 
 Measured side by side in one run of this script (Pendulum-v1, 16 envs x 32 steps per chunk,
@@ -43,9 +43,9 @@ REPO = os.path.dirname(HERE)
 
 @dataclasses.dataclass(frozen=True)
 class Args:
-    total_env_steps: int = 100_000
+    total_env_steps: int = 50_000
     """Global env steps per threaded run."""
-    repeats: int = 3
+    repeats: int = 2
     """Interleaved repeats of each side."""
     allreduce_calls: int = 300
     """Timed all-reduce calls per side."""
@@ -72,7 +72,7 @@ def summarize_run(run_dir: str) -> dict:
 
 
 def run_side(name: str, total: int) -> dict:
-    run_dir = tempfile.mkdtemp(prefix=f"bench_distributed_{name}_")
+    run_dir = tempfile.mkdtemp(prefix="bench_distributed_" + name.replace(" ", "")[:10] + "_")
     args = [*COMMON, "--total-env-steps", str(total), "--run-dir", os.path.join(run_dir, "run")]
     if name == "2 processes x 1 device":
         cmd, env = ["launch", "--num-processes", "2", "--", "train", *args, "--threaded.num-samplers", "2"], dict(os.environ)
@@ -106,7 +106,8 @@ ALLREDUCE = textwrap.dedent(
         state = learner.init_train_state(ctx, jax.random.PRNGKey(0), rctx.env.obs_shape)
     flat = np.asarray(ravel_pytree(jax.device_get(state.params))[0])
     mesh = learner.learner_mesh(jax.devices()[:2])
-    grads = jax.make_array_from_process_local_data(NamedSharding(mesh, P(learner.LEARNER_AXIS)), flat[None])
+    mine = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)  # this process's rows
+    grads = jax.make_array_from_process_local_data(NamedSharding(mesh, P(learner.LEARNER_AXIS)), np.tile(flat, (mine, 1)))
     reduce = jax.jit(jax.shard_map(lambda g: jax.lax.psum(g, learner.LEARNER_AXIS), mesh=mesh,
                                    in_specs=P(learner.LEARNER_AXIS), out_specs=P(learner.LEARNER_AXIS), check_vma=False))
     for _ in range(20):
