@@ -92,11 +92,6 @@ def distributed_from_args(args: Sequence[str], file_section: Mapping[str, Any] |
     return DistributedConfig(**values)
 
 
-def local_devices() -> list[Any]:
-    """This process's devices, by id (what `threaded.*_devices` index in a multi-process run)."""
-    return sorted(jax.local_devices(), key=lambda d: d.id)
-
-
 def global_learner_devices(local_learner: Sequence[Any], all_devices: Sequence[Any] | None = None) -> tuple[Any, ...]:
     """The learner devices of every process, process by process (pure given `all_devices`).
 
