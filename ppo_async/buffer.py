@@ -171,6 +171,17 @@ class RingBuffer:
                     timings[name] = timings.get(name, 0.0) + seconds
             return admitted
 
+    def wait_for_room(self, depth: int, timeout: float | None = 1.0) -> bool:
+        """Wait until fewer than `depth` chunks are resident: True then; False on timeout or
+        when the buffer is closed. (A producer with a freshness bound calls it before making a
+        chunk that would go in behind `depth` others: see `threaded.sampler_loop`.)"""
+        deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
+        with self._cond:
+            while not self._closed and self._size >= depth:
+                if not self._wait(deadline):
+                    return False
+            return not self._closed
+
     def _wait_for_space(self, deadline: float | None) -> bool:
         """("block") Wait, holding the lock, until a slot is free; False on timeout. Always True for "overwrite_oldest"."""
         if self.full_policy == "block":

@@ -408,6 +408,7 @@ class LagConfig:
 
 
 DEFAULT_BUFFER_CHUNKS = 4
+DEFAULT_KL_WINDOW = 8  # learner iterations per KL-controller decision (threaded.kl_window = None)
 
 
 @dataclass(frozen=True)
@@ -438,6 +439,10 @@ class ThreadedConfig:
     """Indices into jax.devices() the samplers run on (sampler i uses entry i mod len); () = auto (device 0, or the first half of several devices)."""
     learner_devices: tuple[int, ...] = ()
     """Indices into jax.devices() of the data-parallel learner (shard_map over them; one = plain jit); () = auto (device 0, or the second half)."""
+    kl_target: float | None = None
+    """Online KL controller (off: None): moves the number of active samplers, refresh_lag and lag.max_lag while the run goes to hold the running mean approx_kl at or under this target (AIMD, `ppo_async.kl_control`; state in the controller_* metrics)."""
+    kl_window: int | None = None
+    """Learner iterations of approx_kl the controller averages per decision (and waits after each change); None = 8. Needs kl_target."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "threaded.")
@@ -470,6 +475,15 @@ class ThreadedConfig:
                     "threaded.chunks_per_batch", self.chunks_per_batch,
                     f"must equal threaded.num_samplers = {self.num_samplers} with barrier=True (one rollout per sampler), or be None",
                 )
+        if self.kl_target is not None:
+            _check_positive("threaded.kl_target", self.kl_target)
+            if self.barrier:
+                _fail("threaded.kl_target", self.kl_target,
+                      "must be None with barrier=True (a barrier run has lag 0: there is no lag to control)")
+        if self.kl_window is not None:
+            _check_int("threaded.kl_window", self.kl_window, 1)
+            if self.kl_target is None:
+                _fail("threaded.kl_window", self.kl_window, "needs threaded.kl_target (the controller is off)")
         for name in ("sampler_devices", "learner_devices"):
             devices = getattr(self, name)
             if not isinstance(devices, (tuple, list)) or not all(
@@ -479,6 +493,11 @@ class ThreadedConfig:
             if len(set(devices)) != len(devices):
                 _fail(f"threaded.{name}", devices, "must not repeat a device")
             object.__setattr__(self, name, tuple(devices))
+
+    @property
+    def effective_kl_window(self) -> int:
+        """Iterations per controller decision: kl_window, else 8."""
+        return DEFAULT_KL_WINDOW if self.kl_window is None else self.kl_window
 
     @property
     def effective_chunks_per_batch(self) -> int:
@@ -645,6 +664,9 @@ class Config:
                   "(several processes run threaded samplers and one data-parallel learner)")
         if self.mode == "threaded":
             self._check_buffer_capacity()
+        if self.threaded.kl_target is not None and self.distributed.num_processes > 1:
+            _fail("threaded.kl_target", self.threaded.kl_target,
+                  "must be None with distributed.num_processes > 1 (the KL controller runs in one process for now)")
         if self.total_env_steps < self.batch_size:
             _fail(
                 "total_env_steps",

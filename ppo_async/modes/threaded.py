@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import math
 import queue
 import random
 import signal
@@ -38,7 +39,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from ppo_async import distributed, envs, host_envs, learner
+from ppo_async import distributed, envs, host_envs, kl_control, learner
 from ppo_async.buffer import RingBuffer
 from ppo_async.config import Config, ConfigError, DistributedFailure, config_to_dict
 from ppo_async.lag import must_force_refresh, schedule_record, should_refresh
@@ -87,7 +88,8 @@ class SamplerStats:
     # learner thread sums them while this one adds: the dict never changes size)
     put_timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("lock_s", "space_s", "write_s"), 0.0))
     latency_s: float = 0.0
-    phase: str = "starting"  # what the thread is doing now: params, rollout, latency, put
+    paused_s: float = 0.0  # seconds paused by the KL controller
+    phase: str = "starting"  # what the thread is doing now: params, rollout, latency, put, paused
     phase_since: float = 0.0  # perf_counter() when that began
 
     @property
@@ -217,6 +219,44 @@ class RunShared:
     keeps_state: Callable[[int], bool] = lambda iteration: False  # iterations whose state the logger needs
     last_put_state: Any = None  # the train state of the last iteration handed to the logger
     max_queue_depth: int = 0  # most iterations ever waiting for the logger
+    # The lag knobs in force: the config's, replaced as a whole by the KL controller (readers
+    # take one reference per step, so each sees a consistent set)
+    knobs: kl_control.LagKnobs = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.knobs = initial_knobs(self.config)
+
+
+def initial_knobs(config: Config) -> kl_control.LagKnobs:
+    """The lag knobs a threaded run starts with: every sampler running, refresh_lag and max_lag as configured."""
+    return kl_control.LagKnobs((True,) * config.threaded.num_samplers, config.threaded.refresh_lag, config.lag.max_lag)
+
+
+def controller_limits(config: Config) -> kl_control.ControllerLimits | None:
+    """The KL controller's target, window and bounds (`threaded.kl_target`); None when it is off."""
+    tcfg = config.threaded
+    if tcfg.kl_target is None:
+        return None
+    return kl_control.ControllerLimits(tcfg.kl_target, tcfg.effective_kl_window, tcfg.num_samplers, tcfg.refresh_lag,
+                                       config.lag.max_lag)
+
+
+def control_lag(shared: "RunShared", limits: kl_control.ControllerLimits, state: kl_control.ControllerState,
+                metrics: Mapping[str, Any], consumed: int, elapsed_s: float) -> kl_control.ControllerState:
+    """One KL-controller step after a learner iteration: feeds it the iteration's approx_kl
+    (none when every sample was stale: no KL was measured) and lag_max and each sampler's rate
+    while it ran, and puts its knobs in force for the samplers."""
+    rates = [s.produced / max(elapsed_s - s.paused_s, 1e-9) for s in shared.stats]
+    kl = float(metrics["approx_kl"]) if consumed > 0 else math.nan
+    state = kl_control.step(limits, state, kl, int(metrics["lag_max"]), rates)
+    shared.knobs = state.knobs
+    return state
+
+
+def with_max_lag(hparams: Any, max_lag: int | None) -> Any:
+    """`hparams` with the learner's stale filter at `max_lag` (None: off), placed as before."""
+    value = np.float32(np.inf if max_lag is None else max_lag)
+    return hparams._replace(max_lag=jax.device_put(value, hparams.max_lag.sharding))
 
 
 def _record_failure(shared: RunShared, name: str, exc: BaseException) -> None:
@@ -268,10 +308,32 @@ def sampler_loop(
         version = int(snapshot.version)
         last_refresh = time.perf_counter()
         made_with: int | None = None  # version of the last rollout put into the buffer
+        paused = False
         while not stop.is_set():
+            knobs = shared.knobs
             t0 = time.perf_counter()
+            if not knobs.active[sampler_id]:  # paused by the KL controller
+                stats.enter("paused")
+                stop.wait(POLL_S)
+                stats.paused_s += time.perf_counter() - t0
+                paused = True
+                continue
+            if not tcfg.barrier and knobs.max_lag is not None:
+                # A chunk made now goes in behind the resident ones: with max_lag * chunks_per_batch
+                # of them it would be too stale when consumed. Wait for room instead of making it.
+                stats.enter("put")
+                room = buffer.wait_for_room(knobs.max_lag * tcfg.effective_chunks_per_batch, timeout=POLL_S)
+                stats.put_timings["space_s"] += time.perf_counter() - t0
+                if not room:
+                    continue
+                t0 = time.perf_counter()
             stats.enter("params")
-            if tcfg.barrier:
+            if paused:  # resumed: its params are as old as the pause; pull the latest
+                snapshot = store.get_if_newer(version, device) or snapshot
+                version, last_refresh, paused = int(snapshot.version), time.perf_counter(), False
+                stats.refreshes += 1
+                stats.wait_params_s += last_refresh - t0
+            elif tcfg.barrier:
                 if made_with == version:  # one rollout per version: wait for the learner's next one
                     newer = store.wait_for_newer(version, timeout=POLL_S, device=device)
                     stats.wait_params_s += time.perf_counter() - t0
@@ -280,7 +342,7 @@ def sampler_loop(
                     snapshot, version = newer, int(newer.version)
                     stats.refreshes += 1
             elif should_refresh(
-                version, store.latest_version(), tcfg.refresh_lag, t0 - last_refresh, tcfg.min_refresh_interval_s
+                version, store.latest_version(), knobs.refresh_lag, t0 - last_refresh, tcfg.min_refresh_interval_s
             ):
                 snapshot = store.get_if_newer(version, device) or snapshot
                 version, last_refresh = int(snapshot.version), time.perf_counter()
@@ -301,14 +363,14 @@ def sampler_loop(
                 stop.wait(sleep)  # sleeps outside the GIL; wakes at once on stop
                 stats.latency_s += time.perf_counter() - t0
                 made = time.perf_counter()  # the chunk is delivered after its env latency
-            if not tcfg.barrier and must_force_refresh(version, store.latest_version(), config.lag.max_lag):
+            if not tcfg.barrier and must_force_refresh(version, store.latest_version(), shared.knobs.max_lag):
                 # Forced refresh: the rollout just made is too stale; discard it (counted).
                 snapshot, version, last_refresh = _force_refresh(stats, store, snapshot, version, device, chunk_size)
                 continue
             # to the buffer's device (a no-op put costs ~0.15 ms per chunk: skip it on one device)
             chunk = trajectory if same_device else jax.device_put(trajectory, shared.buffer_device)
             stats.enter("put")
-            fresh = None if tcfg.barrier else _still_fresh(store, version, config.lag.max_lag, tcfg.effective_chunks_per_batch)
+            fresh = None if tcfg.barrier else _still_fresh(store, version, shared.knobs.max_lag, tcfg.effective_chunks_per_batch)
             refused = []
             admit = None if fresh is None else (lambda resident, waiting: fresh(resident, waiting) or refused.append(1))
             while not stop.is_set():
@@ -418,6 +480,7 @@ def learner_row(
         sampler_write_s=[s.put_timings["write_s"] for s in sampler_stats],
         sampler_latency_s=[s.latency_s for s in sampler_stats],
         sampler_forced_refreshes=[s.forced_refreshes for s in sampler_stats],
+        sampler_paused_s=[s.paused_s for s in sampler_stats],
     )
     return row
 
@@ -459,6 +522,8 @@ def learner_loop(
     config, store = shared.config, shared.store
     multi = distributed.is_multi_process(config)
     consumed_total = dropped_stale_total = last_version = 0
+    limits = controller_limits(config)
+    control = None if limits is None else kl_control.initial_state(limits)
     try:
         for iteration in range(1, config.num_iterations + 1):
             tick = time.perf_counter()
@@ -492,6 +557,12 @@ def learner_loop(
                 accounting=accounting, buffer_fill=counters["size"] / shared.buffer.capacity,
                 times=IterationTimes(shared.start, tick, got, done), sampler_stats=shared.stats,
             )
+            if control is not None:  # the KL controller moves the lag knobs for what comes next
+                max_lag_before = control.knobs.max_lag
+                control = control_lag(shared, limits, control, metrics, consumed, done - shared.start)
+                row.update(kl_control.controller_metrics(control))
+                if control.knobs.max_lag != max_lag_before:
+                    hparams = with_max_lag(hparams, control.knobs.max_lag)
             records = [
                 schedule_record(iteration, sid, int(v), version_before, made_at, got - shared.start) for sid, made_at, v in tags
             ]
@@ -605,7 +676,7 @@ def lag_buckets_of(config: Config) -> int:
 # (a sweep over samplers, buffer length, refresh lag, latency, seeds, traced hyperparameters)
 # reuse one set of compiled functions.
 _PROGRAM_FREE_THREADED = ("num_samplers", "refresh_lag", "min_refresh_interval_s", "buffer_capacity", "full_policy",
-                          "sampler_step_latency_ms", "latency_jitter", "timeout_s")
+                          "sampler_step_latency_ms", "latency_jitter", "timeout_s", "kl_target", "kl_window")
 _PROGRAM_TOP = ("env", "env_options", "mode", "num_seeds", "total_env_steps", "rollout", "ppo", "network", "threaded")
 _PROGRAMS_KEPT = 8
 
