@@ -8,7 +8,15 @@ old it is discarded (counted) and the sampler pulls the latest params (forced re
 Rollouts go into a `RingBuffer` on the first learner device. The learner thread takes
 `chunks_per_batch` chunks per iteration, runs the pure PPO update (data-parallel over
 `threaded.learner_devices` with shard_map when there are several; stale samples beyond
-`lag.max_lag` are dropped and counted) and publishes the new version.
+`lag.max_lag` are dropped and counted) and publishes the new version. With a `lag.max_lag`
+and full_policy "block", a sampler starts a rollout only while fewer than
+`(max_lag + 1) * chunks_per_batch` chunks are resident (a chunk made behind more would be
+stale when consumed): the freshness bound is also the buffer's effective depth.
+
+`threaded.kl_target` turns on the online KL controller (`ppo_async.kl_control`): after each
+learner iteration it may pause or resume samplers and move `refresh_lag` and `max_lag` (the
+samplers read `RunShared.knobs`, the learner's stale filter gets the new max_lag); its
+state is in the `controller_*` metrics.
 
 With `threaded.barrier` the same threads run classic synchronous distributed PPO: every
 sampler makes exactly one rollout per policy version, always with the latest params, and
@@ -318,11 +326,12 @@ def sampler_loop(
                 stats.paused_s += time.perf_counter() - t0
                 paused = True
                 continue
-            if not tcfg.barrier and knobs.max_lag is not None:
-                # A chunk made now goes in behind the resident ones: with max_lag * chunks_per_batch
-                # of them it would be too stale when consumed. Wait for room instead of making it.
+            if not tcfg.barrier and knobs.max_lag is not None and tcfg.full_policy == "block":
+                # A chunk made now goes in behind the resident ones: behind (max_lag + 1) *
+                # chunks_per_batch of them it would be too stale when consumed. Wait for room
+                # instead of making it (overwrite_oldest never waits: its new chunks replace old ones).
                 stats.enter("put")
-                room = buffer.wait_for_room(knobs.max_lag * tcfg.effective_chunks_per_batch, timeout=POLL_S)
+                room = buffer.wait_for_room((knobs.max_lag + 1) * tcfg.effective_chunks_per_batch, timeout=POLL_S)
                 stats.put_timings["space_s"] += time.perf_counter() - t0
                 if not room:
                     continue
