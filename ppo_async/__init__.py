@@ -26,6 +26,7 @@ from ppo_async.recorder import RunRecorder
 from ppo_async.registry import Mode, get_mode, register_mode
 from ppo_async.result import TrainResult
 from ppo_async.train import load, resume, train
+from ppo_async.tune import TuneResult, tune
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,7 @@ __all__ = [
     "RolloutConfig",
     "ThreadedConfig",
     "TrainResult",
+    "TuneResult",
     "analysis",
     "config_from_dict",
     "config_to_dict",
@@ -70,5 +72,6 @@ __all__ = [
     "summarize",
     "sweep",
     "train",
+    "tune",
     "write_schedule",
 ]

@@ -27,6 +27,7 @@ __all__ = [
     "SUMMARY_COLUMNS",
     "lag_histogram_of",
     "per_sampler",
+    "run_measurements",
 ]
 
 By = Union[str, Sequence[str]]
@@ -499,3 +500,42 @@ def summarize(result_or_dataframe, threshold: float | None = None, by_seed: bool
     metrics = [c for c in SUMMARY_COLUMNS if threshold is not None or c not in ("steps_to_threshold_median", "reached")]
     columns = [*config_keys, *labels, *(["seed"] if by_seed else []), *metrics]
     return pd.DataFrame(rows, columns=columns)
+
+
+def run_measurements(df: pd.DataFrame, warmup_fraction: float = 0.2, last_fraction: float = 0.25) -> dict[str, float]:
+    """What the tuning recipe reads off one run's metrics rows (one seed, iteration order).
+
+    Returns:
+      consumer_steps_per_s: env steps the learner took per second of wall time after the
+        warm-up (`env_steps` and `wall_time` from the first row at or past `warmup_fraction` of
+        the iterations to the last): the run's throughput, compile and start-up excluded;
+      approx_kl_mean: mean `approx_kl` (KL to the behaviour policy) after the warm-up;
+      lag_mean: mean `lag_mean` after the warm-up; lag_max: the largest `lag_max`;
+      dropped_fraction: `samples_dropped / (samples_consumed + samples_dropped)` at the end;
+      final_return: mean `episode_return` over the last `last_fraction` of the iterations;
+      iterations: rows.
+      A metric whose column is absent (or holds no number) is NaN.
+
+    Raises:
+      ValueError: no rows, or a fraction outside (0, 1) / [0, 1).
+    """
+    if df.empty:
+        raise ValueError("run_measurements: the DataFrame has no rows")
+    if not 0.0 <= warmup_fraction < 1.0:
+        raise ValueError(f"warmup_fraction = {warmup_fraction!r} is invalid: must lie in [0, 1)")
+    _check_fraction(last_fraction)
+    start = min(int(len(df) * warmup_fraction), len(df) - 1)
+    tail = df.iloc[start:]
+    steps, wall = _numeric_or_nan(df, "env_steps"), _numeric_or_nan(df, "wall_time")
+    seconds = wall[-1] - wall[start]
+    rate = (steps[-1] - steps[start]) / seconds if len(df) > 1 and seconds > 0 else math.nan
+    returns = _numeric_or_nan(df, "episode_return")[-max(1, int(math.ceil(len(df) * last_fraction))):]
+    return {
+        "consumer_steps_per_s": float(rate),
+        "approx_kl_mean": _column_stat(tail, "approx_kl", "mean"),
+        "lag_mean": _column_stat(tail, "lag_mean", "mean"),
+        "lag_max": _column_stat(df, "lag_max", "max"),
+        "dropped_fraction": _dropped_fraction(df.assign(seed=0) if "seed" not in df.columns else df),
+        "final_return": _finite_mean(returns),
+        "iterations": int(len(df)),
+    }

@@ -37,6 +37,9 @@ commands:
            <first RUN_DIR's parent>/compare)
   eval     eval RUN_DIR [--episodes 20] [--step N] [--seed-index 0] [--seed 0] [--stochastic]:
            play episodes with a checkpoint's policy (deterministic unless --stochastic)
+  tune     tune [--config FILE] [--env NAME] [--kl-target 0.02] [--budget-per-run N] [--out DIR]:
+           the tuning recipe (buffer, samplers' knee, batch, then clip/epochs/minibatches on a
+           replayed schedule); writes report.md, plots and chosen_config.json
   launch   launch --num-processes N [--port P] -- train [TRAIN OPTIONS]: one threaded run as N
            local processes (jax.distributed over 127.0.0.1; process 0 writes the run dir)
 
@@ -85,6 +88,34 @@ options:
   --seed-index I       which seed of a multi-seed run (default: 0)
   --seed S             seed of the evaluation episodes (default: 0)
   --stochastic         sample actions instead of the deterministic (mean / argmax) action
+"""
+
+TUNE_HELP = """usage: python -m ppo_async tune [--config FILE] [--env NAME] [--kl-target 0.02] [--budget-per-run N]
+                              [--out DIR] [--seeds 1] [--max-samplers 6] [--throughput-target X]
+                              [--replay-seeds 2] [--quiet]
+
+The tuning recipe of asynchronous PPO on threaded runs (ppo_async.tune; README "Tuning"):
+(1) samplers and buffer length until the mean KL to the behaviour policy is under the target;
+(2) samplers 1, 2, ... to the throughput knee; (3) bigger batches per sampler; (4) clip,
+epochs and minibatches on the simulated mode replaying the chosen setting's version schedule.
+Prints each step's grid, rule and choice. Writes into --out: report.md, knee.png,
+kl_vs_buffer.png, chosen_config.json (python -m ppo_async train --config it),
+measurements.jsonl and schedules/. Run again with the same --out, it skips finished runs.
+
+options:
+  -h, --help               show this help and exit
+  --config FILE            JSON or YAML starting config (mode, if set, must be 'threaded'); the
+                           env's preset fills what it leaves out, and so do 4 samplers and a
+                           16-chunk buffer (the throughput-first start the recipe cuts back)
+  --env NAME               the env (over the file's; default Pendulum-v1)
+  --kl-target X            mean KL every step keeps under (default: 0.02)
+  --budget-per-run N       env steps of each run (default: the config's total_env_steps)
+  --out DIR                output directory (default: runs/tune-<env>-<timestamp>)
+  --seeds N                threaded runs per setting, averaged (default: 1)
+  --max-samplers N         the most samplers step 2 tries (default: 6)
+  --throughput-target X    env steps/s at which step 3 is skipped (default: always try it)
+  --replay-seeds N         seeds of step 4's simulated sweep (default: 2)
+  --quiet                  print only the chosen setting and where the report is
 """
 
 CLI_RUN_DIR = "runs/<env>-<mode>-<timestamp>"
@@ -536,6 +567,53 @@ def run_eval(argv: Sequence[str]) -> int:
     return 0
 
 
+def _number_option(args: list[str], name: str, kind: type, default: Any) -> Any:
+    """Pops `name VALUE` from `args` as `kind` (int / float); ConfigError naming it when not one."""
+    from ppo_async.config import ConfigError
+
+    value = _pop_option(args, name)
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"{name} = {value!r} is invalid: must be {'an integer' if kind is int else 'a number'}") from None
+
+
+def run_tune(argv: Sequence[str]) -> int:
+    """The `tune` command (see TUNE_HELP)."""
+    from ppo_async.config import ConfigError
+    from ppo_async.presets import describe
+    from ppo_async.tune import start_config, tune
+
+    args = list(argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(TUNE_HELP)
+        return 0
+    config_path, env, out = (_pop_option(args, name) for name in ("--config", "--env", "--out"))
+    kl_target = _number_option(args, "--kl-target", float, 0.02)
+    budget = _number_option(args, "--budget-per-run", int, None)
+    seeds = _number_option(args, "--seeds", int, 1)
+    max_samplers = _number_option(args, "--max-samplers", int, 6)
+    throughput_target = _number_option(args, "--throughput-target", float, None)
+    replay_seeds = _number_option(args, "--replay-seeds", int, 2)
+    quiet = "--quiet" in args
+    args = [a for a in args if a != "--quiet"]
+    if args:
+        raise ConfigError(f"tune: unexpected argument(s) {args} (see python -m ppo_async tune --help)")
+    config, filled = start_config(_load_config_file(config_path) if config_path else {}, env)
+    out = out or default_run_dir(config.env, "tune").replace(f"{config.env}-tune", f"tune-{config.env}")
+    if not quiet:
+        print(f"tune {config.env} from {config_path or 'the default config'}; filled in: {describe(filled) or 'nothing'}",
+              flush=True)
+    result = tune(config, kl_target=kl_target, budget_per_run=budget, out=out, seeds=seeds, max_samplers=max_samplers,
+                  throughput_target=throughput_target, replay_seeds=replay_seeds, progress=not quiet)
+    changed = {k: v for step in result.steps for k, v in step.choice.items()}
+    print(f"chosen: {describe(changed)}; report {out}/report.md; train it: python -m ppo_async train --config "
+          f"{out}/chosen_config.json", flush=True)
+    return 0
+
+
 def _is_orbax_coroutine(obj: Any) -> bool:
     """A coroutine of orbax's own code (its array reads, left pending by a failed restore)."""
     code = getattr(obj, "cr_code", None)
@@ -601,7 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ppo_async.metrics import NonFiniteError
     from ppo_async.xla_flags import enable_compilation_cache
 
-    commands = {"train": run_train, "plot": run_plot, "compare": run_compare, "eval": run_eval, "launch": run_launch}
+    commands = {"train": run_train, "plot": run_plot, "compare": run_compare, "eval": run_eval, "launch": run_launch, "tune": run_tune}
     if command not in commands:
         print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
         return 2

@@ -1,0 +1,526 @@
+"""The tuning recipe of asynchronous PPO as one call: `ppo_async.tune(config)` and
+`python -m ppo_async tune`.
+
+The field's fixed order (README "Tuning"):
+
+  1. samplers and buffer length, nothing else: at the starting sampler count, halve the ring
+     buffer (`threaded.buffer_capacity`) from the starting length down to one chunk, longest
+     first; **stop** at the first length whose mean KL to the behaviour policy is under the
+     target. If none is, halve the samplers and walk the buffers again (down to one sampler).
+     Choice: the first setting under the target (else the lowest KL, reported as missed).
+  2. the throughput knee: with that buffer, 1, 2, 3, ... samplers (at least up to
+     `MIN_KNEE_POINTS`, then **stop** at the first count that fails the rule, or at
+     `max_samplers`). Rule: n passes when its consumer throughput gained at least
+     `KNEE_GAIN` (half) of the linear gain, T(n) - T(n-1) >= KNEE_GAIN * T(1), and its KL is
+     under the target (n = 1 needs only the KL). **The knee is the last n of the unbroken run
+     of passing counts from 1**: beyond it throughput flattens or KL climbs.
+  3. a bigger batch per sampler, not more samplers: at the knee, `rollout.num_envs` x2 and x4
+     and `rollout.num_steps` x2 (the buffer keeps its length in chunks). Choice: the highest
+     throughput under the KL target that beats the knee's by at least `BATCH_GAIN` (10%); else
+     the knee's batch. Skipped when `throughput_target` is given and the knee reaches it.
+  4. clip, epochs, minibatches for return per env step at the fixed budget: one simulated
+     sweep that replays the version schedule recorded by the chosen setting's threaded run
+     (the same lags, sampler by sampler, bit for bit reproducible), `ppo.clip_eps` x
+     `ppo.num_epochs` x `ppo.num_minibatches`. Choice: the highest final return (mean over
+     seeds of the last quarter of iterations) among the settings with mean KL under the target
+     (else the lowest KL). The clip values share one compile; each (epochs, minibatches) pair
+     is its own (they shape the update's loops).
+
+Steps 1-3 are real threaded runs of `budget_per_run` env steps (default: the config's
+`total_env_steps`, the budget the result is for), measured with
+`analysis.run_measurements` (throughput after a 20% warm-up; mean KL after it). Every step
+prints its grid, rule and choice as it goes. The output directory holds `report.md`,
+`knee.png`, `kl_vs_buffer.png`, `chosen_config.json` (for `train --config`),
+`measurements.jsonl` (one line per run / step-4 setting), `schedules/` (each run's version
+schedule) and `tune.json` (the base config and options). Run again on the same directory,
+`tune` skips every run already measured (and refuses a directory of another config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+from ppo_async import plots, presets
+from ppo_async.analysis import run_measurements, summarize
+from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
+from ppo_async.lag import write_schedule
+from ppo_async.sweep import sweep
+from ppo_async.train import train
+
+KNEE_GAIN = 0.5
+"""Step 2: a sampler count passes when it adds at least this fraction of the first sampler's throughput."""
+BATCH_GAIN = 0.1
+"""Step 3: a bigger batch is kept only when it raises throughput by at least this fraction."""
+MIN_KNEE_POINTS = 3
+"""Step 2 measures at least 1..3 samplers (the knee plot needs the flattening)."""
+WARMUP_FRACTION = 0.2
+MEASUREMENTS_FILE = "measurements.jsonl"
+BATCH_FACTORS = (("rollout.num_envs", 2), ("rollout.num_envs", 4), ("rollout.num_steps", 2))
+CLIP_VALUES = (0.1, 0.2, 0.3)
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneStep:
+    """One step of the recipe: what it measured, by which rule it chose, what and why."""
+
+    number: int
+    title: str
+    rule: str
+    rows: list  # one dict per measured setting (its changes and measurements)
+    choice: dict  # the dotted config changes this step settled
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+    """What `tune` found: the steps, the chosen config (threaded, trains with `train --config`)."""
+
+    steps: list
+    config: Config
+    kl_target: float
+    out: str | None
+    knee: int
+
+    def to_dataframe(self) -> "Any":
+        """Every measured setting as one table row (column `step`)."""
+        import pandas as pd
+
+        return pd.DataFrame([{"step": s.number, **row} for s in self.steps for row in s.rows])
+
+
+def _check_base(config: Config, kl_target: float, budget: int, seeds: int, max_samplers: int) -> None:
+    if config.mode != "threaded":
+        raise ConfigError(f"mode = {config.mode!r} is invalid for tune: the recipe tunes threaded runs (mode='threaded')")
+    tcfg = config.threaded
+    for name, bad in (("barrier", tcfg.barrier), ("kl_target", tcfg.kl_target is not None),
+                      ("chunks_per_batch", tcfg.effective_chunks_per_batch != 1)):
+        if bad:
+            raise ConfigError(f"threaded.{name} = {getattr(tcfg, name)!r} is invalid for tune: it tunes free-running "
+                              "samplers with one chunk per learner batch and no controller (replayable schedules)")
+    if config.distributed.num_processes > 1:
+        raise ConfigError("distributed.num_processes > 1 is invalid for tune: it runs one process")
+    if not (isinstance(kl_target, (int, float)) and math.isfinite(kl_target) and kl_target > 0):
+        raise ConfigError(f"kl_target = {kl_target!r} is invalid: must be a finite number > 0")
+    if not isinstance(budget, int) or budget < config.batch_size * 5:
+        raise ConfigError(f"budget_per_run = {budget!r} is invalid: must be an integer of at least 5 learner batches "
+                          f"({5 * config.batch_size} env steps)")
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"seeds = {seeds!r} is invalid: must be an integer >= 1")
+    if not isinstance(max_samplers, int) or max_samplers < 1:
+        raise ConfigError(f"max_samplers = {max_samplers!r} is invalid: must be an integer >= 1")
+
+
+def buffer_lengths(capacity_chunks: int) -> list[int]:
+    """Step 1's buffer lengths in chunks: the start, halved down to one chunk (`[16, 8, 4, 2, 1]`)."""
+    out = [capacity_chunks]
+    while out[-1] > 1:
+        out.append(out[-1] // 2)
+    return out
+
+
+def knee_of(rows: Sequence[Mapping[str, Any]], kl_target: float) -> tuple[int, list[bool]]:
+    """Step 2's knee (pure): `rows` hold `num_samplers` 1, 2, ... in order with
+    `consumer_steps_per_s` and `approx_kl_mean`. Returns (knee, passes): n passes when its
+    KL is under the target and (n > 1) T(n) - T(n-1) >= KNEE_GAIN * T(1); the knee is the last
+    n of the unbroken run of passes from n = 1 (1 when even n = 1 fails)."""
+    passes = []
+    for i, row in enumerate(rows):
+        ok = row["approx_kl_mean"] < kl_target
+        if i > 0:
+            gain = row["consumer_steps_per_s"] - rows[i - 1]["consumer_steps_per_s"]
+            ok = ok and gain >= KNEE_GAIN * rows[0]["consumer_steps_per_s"]
+        passes.append(bool(ok))
+    knee = 1
+    for i, ok in enumerate(passes):
+        if not ok:
+            break
+        knee = rows[i]["num_samplers"]
+    return knee, passes
+
+
+def best_under_target(rows: Sequence[Mapping[str, Any]], kl_target: float, score: str) -> tuple[int, bool]:
+    """Index of the row with the highest `score` among those with `approx_kl_mean` under the
+    target (the first on ties), and True; else of the lowest KL, and False."""
+    under = [i for i, r in enumerate(rows) if r["approx_kl_mean"] < kl_target and math.isfinite(r[score])]
+    if under:
+        return max(under, key=lambda i: (rows[i][score], -i)), True
+    return min(range(len(rows)), key=lambda i: (_finite_or_inf(rows[i]["approx_kl_mean"]), i)), False
+
+
+def _finite_or_inf(value: float) -> float:
+    return value if math.isfinite(value) else math.inf
+
+
+class _Tuner:
+    """The impure shell: runs (or, resuming, reads back) one measured setting at a time."""
+
+    def __init__(self, base: Config, kl_target: float, budget: int, seeds: int, out: str | None, progress: bool):
+        self.base = base.replace(total_env_steps=budget, run_dir=None, checkpoint_every=0, overwrite=False)
+        self.kl_target, self.seeds, self.out, self.progress = kl_target, seeds, out, progress
+        self.done: dict[str, dict] = {}
+        if out is not None:
+            self.schedule_dir = os.path.join(out, "schedules")
+            self._open(base, budget)
+        else:
+            import tempfile
+
+            self.schedule_dir = tempfile.mkdtemp(prefix="ppo_async-tune-")
+
+    def _open(self, base: Config, budget: int) -> None:
+        os.makedirs(os.path.join(self.out, "schedules"), exist_ok=True)
+        meta = {"config": config_to_dict(base), "kl_target": self.kl_target, "budget_per_run": budget, "seeds": self.seeds}
+        meta_path = os.path.join(self.out, "tune.json")
+        if os.path.isfile(meta_path):
+            with open(meta_path, encoding="utf-8") as f:
+                if json.load(f) != json.loads(json.dumps(meta)):
+                    raise ConfigError(f"--out {self.out!r} holds a tune of another config or options (tune.json); "
+                                      "give another --out or delete it")
+        with open(meta_path, "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2)
+        path = os.path.join(self.out, MEASUREMENTS_FILE)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        row = json.loads(line)
+                        self.done[row["key"]] = row
+
+    def say(self, text: str) -> None:
+        if self.progress:
+            print(text, flush=True)
+
+    def _record(self, row: dict) -> None:
+        self.done[row["key"]] = row
+        if self.out is not None:
+            with open(os.path.join(self.out, MEASUREMENTS_FILE), "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def measure(self, step: int, changes: Mapping[str, Any]) -> dict:
+        """Threaded runs of `base` with `changes` (one per seed), their measurements averaged
+        (a setting measured before, in this call or a previous one on the same out dir, is
+        read back)."""
+        key = json.dumps(dict(changes), sort_keys=True)
+        if key in self.done:
+            row = self.done[key]
+            self.say(f"  {_describe(changes)}: measured before ({_numbers(row)})")
+            return row
+        config = replace_paths(self.base, dict(changes))
+        per_seed, t0 = [], time.perf_counter()
+        for seed in range(self.base.seed, self.base.seed + self.seeds):
+            result = train(config.replace(seed=seed))
+            per_seed.append(run_measurements(result.to_dataframe(), WARMUP_FRACTION))
+            name = f"{_slug(changes)}-seed{seed}.jsonl"
+            write_schedule(os.path.join(self.schedule_dir, name), result.extras["version_schedule"])
+        row = {"key": key, "step": step, **changes,
+               **{k: float(sum(m[k] for m in per_seed) / len(per_seed)) for k in per_seed[0]}}
+        self._record(row)
+        self.say(f"  {_describe(changes)}: {_numbers(row)} ({time.perf_counter() - t0:.0f} s)")
+        return row
+
+    def schedule_path(self, changes: Mapping[str, Any]) -> str:
+        """The recorded version schedule of the first seed of a measured setting."""
+        return os.path.join(self.schedule_dir, f"{_slug(changes)}-seed{self.base.seed}.jsonl")
+
+
+def _slug(changes: Mapping[str, Any]) -> str:
+    return "-".join(f"{k.rpartition('.')[2]}{changes[k]}" for k in sorted(changes)) or "base"
+
+
+def _describe(changes: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in changes.items())
+
+
+def _numbers(row: Mapping[str, Any]) -> str:
+    return (f"{row['consumer_steps_per_s']:,.0f} env steps/s, KL {row['approx_kl_mean']:.4f}, lag {row['lag_mean']:.1f}, "
+            f"return {row['final_return']:.1f}")
+
+
+def _buffer_changes(tuner: _Tuner, samplers: int, chunks: int) -> dict:
+    return {"threaded.num_samplers": samplers, "threaded.buffer_capacity": chunks * tuner.base.chunk_size}
+
+
+def step_buffer(tuner: _Tuner) -> TuneStep:
+    """Step 1: samplers and buffer length until the mean KL is under the target."""
+    base = tuner.base
+    rule = (f"halve the buffer from {base.buffer_capacity_chunks} chunks, longest first, at "
+            f"{base.threaded.num_samplers} samplers; stop at the first with mean KL < {tuner.kl_target}; "
+            "if none, halve the samplers and repeat")
+    tuner.say(f"step 1 (samplers and buffer length): {rule}")
+    rows: list = []
+    samplers = base.threaded.num_samplers
+    while True:
+        for chunks in buffer_lengths(base.buffer_capacity_chunks):
+            row = tuner.measure(1, _buffer_changes(tuner, samplers, chunks))
+            rows.append({**row, "num_samplers": samplers, "buffer_chunks": chunks})
+            if row["approx_kl_mean"] < tuner.kl_target:
+                why = f"the first setting with mean KL {row['approx_kl_mean']:.4f} < {tuner.kl_target}"
+                return TuneStep(1, "samplers and buffer length", rule, rows, _buffer_changes(tuner, samplers, chunks), why)
+        if samplers == 1:
+            break
+        samplers = max(1, samplers // 2)
+    i, _ = best_under_target(rows, tuner.kl_target, "consumer_steps_per_s")
+    best = rows[i]
+    why = (f"no setting reached mean KL < {tuner.kl_target} (missed): kept the lowest KL, "
+           f"{best['approx_kl_mean']:.4f}")
+    return TuneStep(1, "samplers and buffer length", rule, rows,
+                    _buffer_changes(tuner, best["num_samplers"], best["buffer_chunks"]), why)
+
+
+def step_knee(tuner: _Tuner, buffer_chunks: int, max_samplers: int) -> tuple[TuneStep, int]:
+    """Step 2: samplers 1, 2, ... at the chosen buffer length; the knee (`knee_of`)."""
+    rule = (f"n passes when T(n) - T(n-1) >= {KNEE_GAIN} * T(1) and mean KL < {tuner.kl_target}; measure n = 1.."
+            f"{min(MIN_KNEE_POINTS, max_samplers)} at least, then stop at the first failing n (at most {max_samplers}); "
+            "the knee is the last n of the unbroken run of passes from 1")
+    tuner.say(f"step 2 (the throughput knee, buffer {buffer_chunks} chunks): {rule}")
+    rows: list = []
+    for n in range(1, max_samplers + 1):
+        row = tuner.measure(2, _buffer_changes(tuner, n, buffer_chunks))
+        rows.append({**row, "num_samplers": n, "buffer_chunks": buffer_chunks})
+        knee, passes = knee_of(rows, tuner.kl_target)
+        if n >= MIN_KNEE_POINTS and not passes[-1]:
+            break
+    knee, passes = knee_of(rows, tuner.kl_target)
+    for row, ok in zip(rows, passes):
+        row["passes"] = ok
+    at = rows[knee - 1]
+    why = (f"knee at {knee} sampler(s): {at['consumer_steps_per_s']:,.0f} env steps/s, mean KL {at['approx_kl_mean']:.4f}"
+           + ("" if knee == len(rows) else f"; {knee + 1} failed the rule"))
+    return TuneStep(2, "the throughput knee", rule, rows, _buffer_changes(tuner, knee, buffer_chunks), why), knee
+
+
+def step_batch(tuner: _Tuner, chosen: dict, knee_row: Mapping[str, Any], throughput_target: float | None) -> TuneStep:
+    """Step 3: a bigger batch per sampler (envs, steps) at the knee."""
+    rule = (f"at the knee, try {', '.join(f'{p} x{f}' for p, f in BATCH_FACTORS)} (same buffer length in chunks); keep "
+            f"the highest throughput with mean KL < {tuner.kl_target} that beats the knee's by >= {BATCH_GAIN:.0%}")
+    knee_rate = knee_row["consumer_steps_per_s"]
+    if throughput_target is not None and knee_rate >= throughput_target:
+        why = f"skipped: the knee's {knee_rate:,.0f} env steps/s reaches throughput_target = {throughput_target:,.0f}"
+        tuner.say(f"step 3 (bigger batches per sampler): {why}")
+        return TuneStep(3, "bigger batches per sampler", rule, [], {}, why)
+    tuner.say(f"step 3 (bigger batches per sampler): {rule}")
+    chunks = chosen["threaded.buffer_capacity"] // tuner.base.chunk_size
+    rows = [{**knee_row, "batch": "knee"}]
+    for path, factor in BATCH_FACTORS:
+        changes = {**chosen, path: get_path(tuner.base, path) * factor}
+        sized = replace_paths(tuner.base, {path: changes[path]})
+        changes["threaded.buffer_capacity"] = chunks * sized.chunk_size
+        try:
+            replace_paths(tuner.base, changes)
+        except ConfigError as exc:  # e.g. minibatches no longer divide: report, do not stop
+            tuner.say(f"  {path} x{factor}: not a valid config ({exc})")
+            continue
+        rows.append({**tuner.measure(3, changes), "batch": f"{path} x{factor}"})
+    eligible = [r for r in rows[1:] if r["consumer_steps_per_s"] >= (1 + BATCH_GAIN) * knee_rate]
+    i, ok = best_under_target(eligible, tuner.kl_target, "consumer_steps_per_s") if eligible else (0, False)
+    if eligible and ok:
+        pick = eligible[i]
+        choice = {p: pick[p] for p in ("rollout.num_envs", "rollout.num_steps", "threaded.buffer_capacity") if p in pick}
+        why = (f"{pick['batch']}: {pick['consumer_steps_per_s']:,.0f} env steps/s "
+               f"({pick['consumer_steps_per_s'] / knee_rate:.2f}x the knee), mean KL {pick['approx_kl_mean']:.4f}")
+        return TuneStep(3, "bigger batches per sampler", rule, rows, choice, why)
+    why = f"kept the knee's batch: no bigger batch gained >= {BATCH_GAIN:.0%} throughput with mean KL < {tuner.kl_target}"
+    return TuneStep(3, "bigger batches per sampler", rule, rows, {}, why)
+
+
+def _replay_grid(config: Config) -> dict[str, list]:
+    """Step 4's grid: clip 0.1 / 0.2 / 0.3, the epochs and half of them, the minibatches and half."""
+    epochs, minibatches = config.ppo.num_epochs, config.ppo.num_minibatches
+    return {
+        "ppo.clip_eps": list(CLIP_VALUES),
+        "ppo.num_epochs": sorted({max(1, epochs // 2), epochs}),
+        "ppo.num_minibatches": sorted({minibatches // 2, minibatches} - {0}) if minibatches % 2 == 0 else [minibatches],
+    }
+
+
+def replay_config(threaded_config: Config, schedule_path: str) -> Config:
+    """The simulated config that replays a threaded run's version schedule: the same env,
+    rollout, PPO and budget; `lag.schedule = 'replay'` (one emulated sampler per recorded one)."""
+    data = config_to_dict(threaded_config)
+    data.update(mode="simulated", threaded=config_to_dict(Config())["threaded"])
+    data["lag"] = {**data["lag"], "schedule": "replay", "replay_path": schedule_path}
+    return config_from_dict(data)
+
+
+def step_replay(tuner: _Tuner, chosen: Mapping[str, Any], seeds: int) -> TuneStep:
+    """Step 4: clip x epochs x minibatches on the simulated mode replaying the chosen setting's schedule."""
+    threaded_config = replace_paths(tuner.base, dict(chosen))
+    grid = _replay_grid(threaded_config)
+    rule = (f"replay the chosen setting's version schedule in the simulated mode, {seeds} seed(s); grid "
+            f"{_describe(grid)}; keep the highest final return (last quarter) with mean KL < {tuner.kl_target}")
+    tuner.say(f"step 4 (clip, epochs, minibatches on the replayed schedule): {rule}")
+    keys = [json.dumps({"replay": _slug(chosen), "ppo.clip_eps": c, "ppo.num_epochs": e, "ppo.num_minibatches": m},
+                       sort_keys=True) for c in grid["ppo.clip_eps"] for e in grid["ppo.num_epochs"]
+            for m in grid["ppo.num_minibatches"]]
+    if all(k in tuner.done for k in keys):
+        rows = [tuner.done[k] for k in keys]
+        tuner.say("  measured before")
+    else:
+        t0 = time.perf_counter()
+        df = sweep(replay_config(threaded_config, tuner.schedule_path(chosen)), grid, seeds=seeds, progress=False)
+        table = summarize(df, last_fraction=0.25)
+        rows = []
+        for key, (_, r) in zip(keys, table.iterrows()):
+            row = {"key": key, "step": 4, **{k: type(grid[k][0])(_plain(r[k])) for k in grid},
+                   **{k: float(r[k]) for k in ("final_return_mean", "final_return_std", "approx_kl_mean", "lag_mean_mean")}}
+            tuner._record(row)
+            rows.append(row)
+        tuner.say(f"  {len(rows)} settings x {seeds} seed(s), {df.attrs['compiles']} compiles, "
+                  f"{time.perf_counter() - t0:.0f} s")
+    for row in rows:
+        tuner.say(f"  {_describe({k: row[k] for k in grid})}: return {row['final_return_mean']:.1f}, "
+                  f"KL {row['approx_kl_mean']:.4f}")
+    i, ok = best_under_target(rows, tuner.kl_target, "final_return_mean")
+    pick = rows[i]
+    choice = {k: pick[k] for k in grid}
+    why = (f"{_describe(choice)}: final return {pick['final_return_mean']:.1f}, mean KL {pick['approx_kl_mean']:.4f}"
+           + ("" if ok else f" (no setting had mean KL < {tuner.kl_target}: the lowest KL, missed)"))
+    return TuneStep(4, "clip, epochs and minibatches", rule, rows, choice, why)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as a Python number (JSON)."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def tune(
+    config: Config,
+    kl_target: float = 0.02,
+    budget_per_run: int | None = None,
+    out: str | os.PathLike | None = None,
+    seeds: int = 1,
+    max_samplers: int = 6,
+    throughput_target: float | None = None,
+    replay_seeds: int = 2,
+    progress: bool = True,
+) -> TuneResult:
+    """Runs the four steps of the recipe (module docstring) from `config` (mode='threaded').
+
+    Args:
+      config: the starting config: its samplers and buffer length start step 1; the rest
+        stays fixed until step 4.
+      kl_target: the mean KL to the behaviour policy every step keeps under.
+      budget_per_run: env steps of each threaded run and of each replay (None: the config's
+        `total_env_steps`).
+      out: directory for report.md, the plots, chosen_config.json, measurements.jsonl
+        (resumable); None writes nothing (the schedules go to a temporary directory).
+      seeds: threaded runs per setting (their measurements are averaged).
+      max_samplers: the most samplers step 2 tries.
+      throughput_target: env steps/s that make step 3 unnecessary (None: always try it).
+      replay_seeds: seeds of step 4's simulated sweep.
+      progress: print each step's grid, rule, measurements and choice.
+
+    Returns:
+      A `TuneResult`: the steps and `config`, the chosen config (the starting one with every
+      step's choice, its own total_env_steps, no run_dir).
+
+    Raises:
+      ConfigError: a config the recipe cannot tune (not threaded, barrier, a KL controller,
+        several chunks per batch or processes), bad options, or an out dir of another tune.
+    """
+    budget = config.total_env_steps if budget_per_run is None else budget_per_run
+    _check_base(config, kl_target, budget, seeds, max_samplers)
+    if throughput_target is not None and not (isinstance(throughput_target, (int, float)) and throughput_target > 0):
+        raise ConfigError(f"throughput_target = {throughput_target!r} is invalid: must be a number > 0 or None")
+    if not isinstance(replay_seeds, int) or replay_seeds < 1:
+        raise ConfigError(f"replay_seeds = {replay_seeds!r} is invalid: must be an integer >= 1")
+    out = None if out is None else os.fspath(out)
+    tuner = _Tuner(config, float(kl_target), budget, seeds, out, progress)
+    first = step_buffer(tuner)
+    tuner.say(f"  -> {_describe(first.choice)}: {first.why}")
+    chunks = first.choice["threaded.buffer_capacity"] // tuner.base.chunk_size
+    second, knee = step_knee(tuner, chunks, max_samplers)
+    tuner.say(f"  -> {_describe(second.choice)}: {second.why}")
+    third = step_batch(tuner, second.choice, second.rows[knee - 1], throughput_target)
+    tuner.say(f"  -> {_describe(third.choice) or 'no change'}: {third.why}")
+    chosen = {**second.choice, **third.choice}
+    fourth = step_replay(tuner, chosen, replay_seeds)
+    tuner.say(f"  -> {_describe(fourth.choice)}: {fourth.why}")
+    final = replace_paths(config, {**chosen, **fourth.choice}).replace(run_dir=None)
+    result = TuneResult([first, second, third, fourth], final, float(kl_target), out, knee)
+    if out is not None:
+        write_outputs(result, out)
+        tuner.say(f"wrote {out}/report.md, knee.png, kl_vs_buffer.png, chosen_config.json, {MEASUREMENTS_FILE}")
+    return result
+
+
+def write_outputs(result: TuneResult, out: str) -> None:
+    """report.md, knee.png, kl_vs_buffer.png and chosen_config.json into `out`."""
+    with open(os.path.join(out, "chosen_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config_to_dict(result.config), f, indent=2)
+    first, second = result.steps[0], result.steps[1]
+    plots.tune_knee(second.rows, result.knee, result.kl_target, os.path.join(out, "knee.png"))
+    plots.kl_vs_buffer(first.rows + second.rows, result.kl_target, os.path.join(out, "kl_vs_buffer.png"))
+    with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as f:
+        f.write(report_text(result))
+
+
+_STEP_COLUMNS = {
+    1: ("num_samplers", "buffer_chunks", "consumer_steps_per_s", "approx_kl_mean", "lag_mean", "dropped_fraction", "final_return"),
+    2: ("num_samplers", "consumer_steps_per_s", "approx_kl_mean", "lag_mean", "passes", "final_return"),
+    3: ("batch", "consumer_steps_per_s", "approx_kl_mean", "lag_mean", "final_return"),
+    4: ("ppo.clip_eps", "ppo.num_epochs", "ppo.num_minibatches", "final_return_mean", "final_return_std", "approx_kl_mean"),
+}
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """A GitHub markdown table of `rows` (floats: 4 significant digits, large ones with separators)."""
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+        return str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def report_text(result: TuneResult) -> str:
+    """report.md: one section per step (rule, table, choice and why), then the chosen config."""
+    parts = [f"# Tuning report (KL target {result.kl_target})", "",
+             "Consumer throughput = env steps the learner took per second after a 20% warm-up; KL = mean approx_kl "
+             "(to the behaviour policy) after it; final return = mean episode return over the last quarter.", ""]
+    for step in result.steps:
+        parts += [f"## Step {step.number}: {step.title}", "", f"Rule: {step.rule}.", ""]
+        if step.rows:
+            parts += [markdown_table(step.rows, _STEP_COLUMNS[step.number]), ""]
+        parts += [f"Choice: {_describe(step.choice) or 'no change'}. Why: {step.why}.", ""]
+    changed = {k: v for s in result.steps for k, v in s.choice.items()}
+    parts += ["## Chosen config", "", f"`chosen_config.json` (train it with `python -m ppo_async train --config "
+              f"chosen_config.json`): the starting config with {_describe(changed)}.", ""]
+    return "\n".join(parts)
+
+
+START_SAMPLERS = 4
+START_BUFFER_CHUNKS = 16
+"""The CLI's starting point where the config file sets neither: the throughput-first setting
+the recipe then cuts back (4 samplers, a 16-chunk buffer)."""
+
+
+def start_config(data: Mapping[str, Any], env: str | None = None) -> tuple[Config, dict[str, Any]]:
+    """The config `python -m ppo_async tune` starts from, and the fields it filled in: a
+    (nested) config file's contents, `env` over its env, mode='threaded', the env's preset and
+    `START_SAMPLERS` / `START_BUFFER_CHUNKS` for the fields the file does not set.
+
+    Raises ConfigError for a file whose mode is not 'threaded' or an invalid config."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    if data.get("mode", "threaded") != "threaded":
+        raise ConfigError(f"mode = {data['mode']!r} is invalid for tune: it tunes threaded runs (leave mode out or "
+                          "set 'threaded')")
+    if env is not None:
+        data["env"] = env
+    data["mode"] = "threaded"
+    config = config_from_dict(data)
+    filled = presets.preset_changes(config.env, data)
+    config = replace_paths(config, filled)
+    given = data.get("threaded", {})
+    start = {}
+    if "num_samplers" not in given:
+        start["threaded.num_samplers"] = START_SAMPLERS
+    if "buffer_capacity" not in given:
+        start["threaded.buffer_capacity"] = START_BUFFER_CHUNKS * config.chunk_size
+    return replace_paths(config, start), {**filled, **start}
