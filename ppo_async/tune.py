@@ -16,8 +16,9 @@ The field's fixed order (README "Tuning"):
      of passing counts from 1**: beyond it throughput flattens or KL climbs.
   3. a bigger batch per sampler, not more samplers: at the knee, `rollout.num_envs` x2 and x4
      and `rollout.num_steps` x2 (the buffer keeps its length in chunks). Choice: the highest
-     throughput under the KL target that beats the knee's by at least `BATCH_GAIN` (10%); else
-     the knee's batch. Skipped when `throughput_target` is given and the knee reaches it.
+     throughput under the KL target that beats the knee's by at least `BATCH_GAIN` (10%) with
+     a final return no worse than the knee's by more than `RETURN_SLACK` (25%) of its size;
+     else the knee's batch. Skipped when `throughput_target` is given and the knee reaches it.
   4. clip, epochs, minibatches for return per env step at the fixed budget: one simulated
      sweep that replays the version schedule recorded by the chosen setting's threaded run
      (the same lags, sampler by sampler, bit for bit reproducible), `ppo.clip_eps` x
@@ -39,6 +40,7 @@ schedule) and `tune.json` (the base config and options). Run again on the same d
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -56,6 +58,9 @@ KNEE_GAIN = 0.5
 """Step 2: a sampler count passes when it adds at least this fraction of the first sampler's throughput."""
 BATCH_GAIN = 0.1
 """Step 3: a bigger batch is kept only when it raises throughput by at least this fraction."""
+RETURN_SLACK = 0.25
+"""Step 3: ... and only when its final return is within this fraction of |the knee's| (a bigger
+batch means fewer updates in the budget: throughput bought with learning is not kept)."""
 MIN_KNEE_POINTS = 3
 """Step 2 measures at least 1..3 samplers (the knee plot needs the flattening)."""
 WARMUP_FRACTION = 0.2
@@ -209,7 +214,7 @@ class _Tuner:
             row = self.done[key]
             self.say(f"  {_describe(changes)}: measured before ({_numbers(row)})")
             return row
-        config = replace_paths(self.base, dict(changes))
+        config = replace_paths(self.base, with_latency(self.base, changes))
         per_seed, t0 = [], time.perf_counter()
         for seed in range(self.base.seed, self.base.seed + self.seeds):
             result = train(config.replace(seed=seed))
@@ -225,6 +230,17 @@ class _Tuner:
     def schedule_path(self, changes: Mapping[str, Any]) -> str:
         """The recorded version schedule of the first seed of a measured setting."""
         return os.path.join(self.schedule_dir, f"{_slug(changes)}-seed{self.base.seed}.jsonl")
+
+
+def with_latency(base: Config, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """`changes` plus `threaded.sampler_step_latency_ms` for their sampler count when the base
+    simulates env latency: the base's per-sampler latencies repeated cyclically (sampler i gets
+    entry i mod len; so a straggler pattern (1, 1, 1, 4) stays one slow sampler in four)."""
+    latency = base.threaded.sampler_step_latency_ms
+    samplers = changes.get("threaded.num_samplers", base.threaded.num_samplers)
+    if not latency or samplers == len(latency):
+        return dict(changes)
+    return {**changes, "threaded.sampler_step_latency_ms": tuple(latency[i % len(latency)] for i in range(samplers))}
 
 
 def _slug(changes: Mapping[str, Any]) -> str:
@@ -293,10 +309,12 @@ def step_knee(tuner: _Tuner, buffer_chunks: int, max_samplers: int) -> tuple[Tun
     return TuneStep(2, "the throughput knee", rule, rows, _buffer_changes(tuner, knee, buffer_chunks), why), knee
 
 
-def step_batch(tuner: _Tuner, chosen: dict, knee_row: Mapping[str, Any], throughput_target: float | None) -> TuneStep:
+def step_batch(tuner: _Tuner, chosen: dict, knee_row: Mapping[str, Any], throughput_target: float | None,
+               batch_factors: Sequence[tuple[str, int]] = BATCH_FACTORS) -> TuneStep:
     """Step 3: a bigger batch per sampler (envs, steps) at the knee."""
-    rule = (f"at the knee, try {', '.join(f'{p} x{f}' for p, f in BATCH_FACTORS)} (same buffer length in chunks); keep "
-            f"the highest throughput with mean KL < {tuner.kl_target} that beats the knee's by >= {BATCH_GAIN:.0%}")
+    rule = (f"at the knee, try {', '.join(f'{p} x{f}' for p, f in batch_factors)} (same buffer length in chunks); keep "
+            f"the highest throughput with mean KL < {tuner.kl_target} that beats the knee's by >= {BATCH_GAIN:.0%} "
+            f"with a final return within {RETURN_SLACK:.0%} of the knee's")
     knee_rate = knee_row["consumer_steps_per_s"]
     if throughput_target is not None and knee_rate >= throughput_target:
         why = f"skipped: the knee's {knee_rate:,.0f} env steps/s reaches throughput_target = {throughput_target:,.0f}"
@@ -305,17 +323,19 @@ def step_batch(tuner: _Tuner, chosen: dict, knee_row: Mapping[str, Any], through
     tuner.say(f"step 3 (bigger batches per sampler): {rule}")
     chunks = chosen["threaded.buffer_capacity"] // tuner.base.chunk_size
     rows = [{**knee_row, "batch": "knee"}]
-    for path, factor in BATCH_FACTORS:
+    for path, factor in batch_factors:
         changes = {**chosen, path: get_path(tuner.base, path) * factor}
         sized = replace_paths(tuner.base, {path: changes[path]})
         changes["threaded.buffer_capacity"] = chunks * sized.chunk_size
         try:
-            replace_paths(tuner.base, changes)
+            replace_paths(tuner.base, with_latency(tuner.base, changes))
         except ConfigError as exc:  # e.g. minibatches no longer divide: report, do not stop
             tuner.say(f"  {path} x{factor}: not a valid config ({exc})")
             continue
         rows.append({**tuner.measure(3, changes), "batch": f"{path} x{factor}"})
-    eligible = [r for r in rows[1:] if r["consumer_steps_per_s"] >= (1 + BATCH_GAIN) * knee_rate]
+    floor = knee_row["final_return"] - RETURN_SLACK * abs(knee_row["final_return"])
+    eligible = [r for r in rows[1:] if r["consumer_steps_per_s"] >= (1 + BATCH_GAIN) * knee_rate
+                and not r["final_return"] < floor]  # (a NaN return, no episode finished, is not held against it)
     i, ok = best_under_target(eligible, tuner.kl_target, "consumer_steps_per_s") if eligible else (0, False)
     if eligible and ok:
         pick = eligible[i]
@@ -323,16 +343,17 @@ def step_batch(tuner: _Tuner, chosen: dict, knee_row: Mapping[str, Any], through
         why = (f"{pick['batch']}: {pick['consumer_steps_per_s']:,.0f} env steps/s "
                f"({pick['consumer_steps_per_s'] / knee_rate:.2f}x the knee), mean KL {pick['approx_kl_mean']:.4f}")
         return TuneStep(3, "bigger batches per sampler", rule, rows, choice, why)
-    why = f"kept the knee's batch: no bigger batch gained >= {BATCH_GAIN:.0%} throughput with mean KL < {tuner.kl_target}"
+    why = (f"kept the knee's batch: no bigger batch gained >= {BATCH_GAIN:.0%} throughput with mean KL < "
+           f"{tuner.kl_target} and a final return >= {floor:.1f}")
     return TuneStep(3, "bigger batches per sampler", rule, rows, {}, why)
 
 
 def _replay_grid(config: Config) -> dict[str, list]:
-    """Step 4's grid: clip 0.1 / 0.2 / 0.3, the epochs and half of them, the minibatches and half."""
+    """Step 4's grid: clip 0.1 / 0.2 / 0.3, half / the / twice the epochs, half / the minibatches."""
     epochs, minibatches = config.ppo.num_epochs, config.ppo.num_minibatches
     return {
         "ppo.clip_eps": list(CLIP_VALUES),
-        "ppo.num_epochs": sorted({max(1, epochs // 2), epochs}),
+        "ppo.num_epochs": sorted({max(1, epochs // 2), epochs, 2 * epochs}),
         "ppo.num_minibatches": sorted({minibatches // 2, minibatches} - {0}) if minibatches % 2 == 0 else [minibatches],
     }
 
@@ -346,16 +367,16 @@ def replay_config(threaded_config: Config, schedule_path: str) -> Config:
     return config_from_dict(data)
 
 
-def step_replay(tuner: _Tuner, chosen: Mapping[str, Any], seeds: int) -> TuneStep:
-    """Step 4: clip x epochs x minibatches on the simulated mode replaying the chosen setting's schedule."""
-    threaded_config = replace_paths(tuner.base, dict(chosen))
-    grid = _replay_grid(threaded_config)
+def step_replay(tuner: _Tuner, chosen: Mapping[str, Any], seeds: int,
+                grid: Mapping[str, Sequence[Any]] | None = None) -> TuneStep:
+    """Step 4: clip x epochs x minibatches (or `grid`) on the simulated mode replaying the chosen setting's schedule."""
+    threaded_config = replace_paths(tuner.base, with_latency(tuner.base, chosen))
+    grid = _replay_grid(threaded_config) if grid is None else {k: list(v) for k, v in grid.items()}
     rule = (f"replay the chosen setting's version schedule in the simulated mode, {seeds} seed(s); grid "
             f"{_describe(grid)}; keep the highest final return (last quarter) with mean KL < {tuner.kl_target}")
     tuner.say(f"step 4 (clip, epochs, minibatches on the replayed schedule): {rule}")
-    keys = [json.dumps({"replay": _slug(chosen), "ppo.clip_eps": c, "ppo.num_epochs": e, "ppo.num_minibatches": m},
-                       sort_keys=True) for c in grid["ppo.clip_eps"] for e in grid["ppo.num_epochs"]
-            for m in grid["ppo.num_minibatches"]]
+    points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]  # the sweep's order
+    keys = [json.dumps({"replay": _slug(chosen), **point}, sort_keys=True) for point in points]
     if all(k in tuner.done for k in keys):
         rows = [tuner.done[k] for k in keys]
         tuner.say("  measured before")
@@ -377,7 +398,7 @@ def step_replay(tuner: _Tuner, chosen: Mapping[str, Any], seeds: int) -> TuneSte
     i, ok = best_under_target(rows, tuner.kl_target, "final_return_mean")
     pick = rows[i]
     choice = {k: pick[k] for k in grid}
-    why = (f"{_describe(choice)}: final return {pick['final_return_mean']:.1f}, mean KL {pick['approx_kl_mean']:.4f}"
+    why = (f"final return {pick['final_return_mean']:.1f}, mean KL {pick['approx_kl_mean']:.4f}"
            + ("" if ok else f" (no setting had mean KL < {tuner.kl_target}: the lowest KL, missed)"))
     return TuneStep(4, "clip, epochs and minibatches", rule, rows, choice, why)
 
@@ -396,6 +417,8 @@ def tune(
     max_samplers: int = 6,
     throughput_target: float | None = None,
     replay_seeds: int = 2,
+    batch_factors: Sequence[tuple[str, int]] = BATCH_FACTORS,
+    replay_grid: Mapping[str, Sequence[Any]] | None = None,
     progress: bool = True,
 ) -> TuneResult:
     """Runs the four steps of the recipe (module docstring) from `config` (mode='threaded').
@@ -412,6 +435,10 @@ def tune(
       max_samplers: the most samplers step 2 tries.
       throughput_target: env steps/s that make step 3 unnecessary (None: always try it).
       replay_seeds: seeds of step 4's simulated sweep.
+      batch_factors: step 3's candidates, (dotted rollout field, factor) pairs.
+      replay_grid: step 4's grid (dotted fields of traced or PPO-loop hyperparameters to
+        lists); None: clip 0.1 / 0.2 / 0.3 x half / the / twice the epochs x half / the
+        minibatches.
       progress: print each step's grid, rule, measurements and choice.
 
     Returns:
@@ -435,12 +462,12 @@ def tune(
     chunks = first.choice["threaded.buffer_capacity"] // tuner.base.chunk_size
     second, knee = step_knee(tuner, chunks, max_samplers)
     tuner.say(f"  -> {_describe(second.choice)}: {second.why}")
-    third = step_batch(tuner, second.choice, second.rows[knee - 1], throughput_target)
+    third = step_batch(tuner, second.choice, second.rows[knee - 1], throughput_target, batch_factors)
     tuner.say(f"  -> {_describe(third.choice) or 'no change'}: {third.why}")
     chosen = {**second.choice, **third.choice}
-    fourth = step_replay(tuner, chosen, replay_seeds)
+    fourth = step_replay(tuner, chosen, replay_seeds, replay_grid)
     tuner.say(f"  -> {_describe(fourth.choice)}: {fourth.why}")
-    final = replace_paths(config, {**chosen, **fourth.choice}).replace(run_dir=None)
+    final = replace_paths(config, with_latency(config, {**chosen, **fourth.choice})).replace(run_dir=None)
     result = TuneResult([first, second, third, fourth], final, float(kl_target), out, knee)
     if out is not None:
         write_outputs(result, out)
@@ -487,7 +514,8 @@ def report_text(result: TuneResult) -> str:
     for step in result.steps:
         parts += [f"## Step {step.number}: {step.title}", "", f"Rule: {step.rule}.", ""]
         if step.rows:
-            parts += [markdown_table(step.rows, _STEP_COLUMNS[step.number]), ""]
+            columns = _STEP_COLUMNS[step.number] if step.number != 4 else (*step.choice, *_STEP_COLUMNS[4][3:])
+            parts += [markdown_table(step.rows, columns), ""]
         parts += [f"Choice: {_describe(step.choice) or 'no change'}. Why: {step.why}.", ""]
     changed = {k: v for s in result.steps for k, v in s.choice.items()}
     parts += ["## Chosen config", "", f"`chosen_config.json` (train it with `python -m ppo_async train --config "

@@ -300,6 +300,43 @@ def _force_refresh(stats: SamplerStats, store: ParamStore, snapshot: Any, versio
     return snapshot, int(snapshot.version), time.perf_counter()
 
 
+def _pause_slice(shared: RunShared, stats: SamplerStats) -> None:
+    """One POLL_S slice of a sampler paused by the KL controller (counted in paused_s)."""
+    t0 = time.perf_counter()
+    stats.enter("paused")
+    shared.stop.wait(POLL_S)
+    stats.paused_s += time.perf_counter() - t0
+
+
+def _no_room(shared: RunShared, stats: SamplerStats, knobs: kl_control.LagKnobs) -> bool:
+    """With a freshness bound (`max_lag`, full_policy "block"): True after waiting one POLL_S
+    slice while `(max_lag + 1) * chunks_per_batch` chunks are resident. A chunk made now goes
+    in behind them and would be too stale when consumed: the sampler waits for room instead
+    of making it (counted as waiting for space). overwrite_oldest never waits: its new chunks
+    replace old ones."""
+    tcfg = shared.config.threaded
+    if tcfg.barrier or knobs.max_lag is None or tcfg.full_policy != "block":
+        return False
+    t0 = time.perf_counter()
+    stats.enter("put")
+    room = shared.buffer.wait_for_room((knobs.max_lag + 1) * tcfg.effective_chunks_per_batch, timeout=POLL_S)
+    stats.put_timings["space_s"] += time.perf_counter() - t0
+    return not room
+
+
+def _env_latency(shared: RunShared, stats: SamplerStats, latency_ms: float, rng: random.Random) -> float:
+    """Sleeps the simulated env latency of one rollout (outside the GIL; wakes at once on
+    stop); returns the instant the chunk is delivered."""
+    tcfg = shared.config.threaded
+    sleep = latency_ms * shared.config.rollout.num_steps / 1000.0
+    sleep *= 1.0 + tcfg.latency_jitter * (2.0 * rng.random() - 1.0)
+    t0 = time.perf_counter()
+    stats.enter("latency")
+    shared.stop.wait(sleep)
+    stats.latency_s += time.perf_counter() - t0
+    return time.perf_counter()
+
+
 def sampler_loop(
     shared: RunShared, sampler_id: int, rollout_fn: Callable, env_state: Any, key: jax.Array, device: Any
 ) -> None:
@@ -319,23 +356,13 @@ def sampler_loop(
         paused = False
         while not stop.is_set():
             knobs = shared.knobs
-            t0 = time.perf_counter()
             if not knobs.active[sampler_id]:  # paused by the KL controller
-                stats.enter("paused")
-                stop.wait(POLL_S)
-                stats.paused_s += time.perf_counter() - t0
+                _pause_slice(shared, stats)
                 paused = True
                 continue
-            if not tcfg.barrier and knobs.max_lag is not None and tcfg.full_policy == "block":
-                # A chunk made now goes in behind the resident ones: behind (max_lag + 1) *
-                # chunks_per_batch of them it would be too stale when consumed. Wait for room
-                # instead of making it (overwrite_oldest never waits: its new chunks replace old ones).
-                stats.enter("put")
-                room = buffer.wait_for_room((knobs.max_lag + 1) * tcfg.effective_chunks_per_batch, timeout=POLL_S)
-                stats.put_timings["space_s"] += time.perf_counter() - t0
-                if not room:
-                    continue
-                t0 = time.perf_counter()
+            if _no_room(shared, stats, knobs):
+                continue
+            t0 = time.perf_counter()
             stats.enter("params")
             if paused:  # resumed: its params are as old as the pause; pull the latest
                 snapshot = store.get_if_newer(version, device) or snapshot
@@ -365,13 +392,7 @@ def sampler_loop(
             made = time.perf_counter()
             stats.rollout_s += made - t0
             if latency_ms > 0:
-                sleep = latency_ms * config.rollout.num_steps / 1000.0
-                sleep *= 1.0 + tcfg.latency_jitter * (2.0 * rng.random() - 1.0)
-                t0 = time.perf_counter()
-                stats.enter("latency")
-                stop.wait(sleep)  # sleeps outside the GIL; wakes at once on stop
-                stats.latency_s += time.perf_counter() - t0
-                made = time.perf_counter()  # the chunk is delivered after its env latency
+                made = _env_latency(shared, stats, latency_ms, rng)  # the chunk is delivered after it
             if not tcfg.barrier and must_force_refresh(version, store.latest_version(), shared.knobs.max_lag):
                 # Forced refresh: the rollout just made is too stale; discard it (counted).
                 snapshot, version, last_refresh = _force_refresh(stats, store, snapshot, version, device, chunk_size)
