@@ -95,8 +95,9 @@ def run_one(name: str, config: pa.Config, seed: int, args: Args) -> tuple[dict, 
            "mean_return": float(returns.mean()), "steps_to_threshold": steps, "seconds_to_threshold": seconds}
     if "controller_active_samplers" in df.columns:
         last = df.iloc[-1]
+        max_lag = last.controller_max_lag
         row.update(final_active_samplers=int(last.controller_active_samplers), final_refresh_lag=int(last.controller_refresh_lag),
-                   final_max_lag=last.controller_max_lag, adjustments=int(last.controller_adjustments))
+                   final_max_lag="none" if pd.isna(max_lag) else int(max_lag), adjustments=int(last.controller_adjustments))
     print(f"  {name} seed {seed}: KL within target {row['within_target']:.0%}, mean KL {m['approx_kl_mean']:.4f}, "
           f"return {m['final_return']:.1f}, {m['consumer_steps_per_s']:,.0f} env steps/s", flush=True)
     curve = df[["iteration", "env_steps", "wall_time", "episode_return", "approx_kl"]].assign(setting=name, seed=seed)
