@@ -10,17 +10,20 @@ control: Chiu & Jain 1989) over a ladder of knobs ordered by what they cost in t
 
   decrease (window mean KL > target), the first rung that can still move:
     1. refresh_lag  <- max(1, refresh_lag // 2)   samplers refresh more often (costs a params pull)
-    2. samplers     <- max(1, ceil(n / 2))        pause the slowest active samplers (a straggler's
-                                                  samples are the stalest; in a learner-bound run
-                                                  the rest only fill the buffer)
-    3. max_lag      <- max(1, min(max_lag, lag_max seen) // 2)
-                                                  samples older than this are discarded before
-                                                  they reach the buffer and dropped by the learner
-                                                  (bounds the buffer's effective length too)
+    2. max_lag      <- max(1, min(max_lag, lag_max seen) // 2)
+                                                  samplers hold back (with full_policy "block")
+                                                  or discard what would be staler, the learner
+                                                  drops it: it bounds the buffer's effective
+                                                  depth, so where the lag is buffer residency
+                                                  (samplers out-produce the learner) it costs no
+                                                  throughput; elsewhere it costs a straggler's
+                                                  too-old rollouts
+    3. samplers     <- max(1, ceil(n / 2))        pause the slowest active samplers (a straggler's
+                                                  samples are the stalest); costs their throughput
   increase (window mean KL < KL_RAISE_BELOW * target), the same ladder walked back up, one
-  step at a time: max_lag + 1 (back to its configured value, None = unlimited, as soon as the
-  window's largest lag sits under the cap: a cap that binds nothing is lifted), then resume the
-  fastest paused sampler, then refresh_lag + 1 (up to its configured value);
+  step at a time: resume the fastest paused sampler, then max_lag + 1 (back to its configured
+  value, None = unlimited, as soon as the window's largest lag sits under the cap: a cap that
+  binds nothing is lifted), then refresh_lag + 1 (up to its configured value);
   hold otherwise (the band in between), or when the ladder has no rung left in that direction.
 
 Bounds: 1 <= active samplers <= threaded.num_samplers; 1 <= refresh_lag <= the configured
@@ -114,30 +117,30 @@ def _resume_fastest(active: tuple[bool, ...], rates: Sequence[float]) -> tuple[b
 
 
 def decrease(knobs: LagKnobs, lag_max: int, rates: Sequence[float]) -> LagKnobs:
-    """One multiplicative decrease: the first rung of refresh_lag, samplers, max_lag that can
+    """One multiplicative decrease: the first rung of refresh_lag, max_lag, samplers that can
     still move (`knobs` itself when every knob is at its floor)."""
     if knobs.refresh_lag > 1:
         return replace(knobs, refresh_lag=max(1, int(knobs.refresh_lag * DECREASE_FACTOR)))
+    current = lag_max if knobs.max_lag is None else min(knobs.max_lag, lag_max)
+    new = max(1, int(current * DECREASE_FACTOR))
+    if knobs.max_lag is None or new < knobs.max_lag:
+        return replace(knobs, max_lag=new)
     if knobs.num_active > 1:
         keep = max(1, math.ceil(knobs.num_active * DECREASE_FACTOR))
         return replace(knobs, active=_pause_slowest(knobs.active, knobs.num_active - keep, rates))
-    current = lag_max if knobs.max_lag is None else min(knobs.max_lag, lag_max)
-    new = max(1, int(current * DECREASE_FACTOR))
-    if knobs.max_lag is not None and new >= knobs.max_lag:
-        return knobs
-    return replace(knobs, max_lag=new)
+    return knobs
 
 
 def increase(limits: ControllerLimits, knobs: LagKnobs, lag_max: int, rates: Sequence[float]) -> LagKnobs:
     """One additive increase: the last rung of the ladder that is below its configured value
     (`knobs` itself when every knob is back at its configured value)."""
+    if knobs.num_active < limits.num_samplers:
+        return replace(knobs, active=_resume_fastest(knobs.active, rates))
     if knobs.max_lag != limits.max_lag:  # tightened by the controller
         if lag_max < knobs.max_lag:  # the cap binds nothing: lift it
             return replace(knobs, max_lag=limits.max_lag)
         loosened = knobs.max_lag + 1
         return replace(knobs, max_lag=loosened if limits.max_lag is None else min(loosened, limits.max_lag))
-    if knobs.num_active < limits.num_samplers:
-        return replace(knobs, active=_resume_fastest(knobs.active, rates))
     if knobs.refresh_lag < limits.refresh_lag:
         return replace(knobs, refresh_lag=knobs.refresh_lag + 1)
     return knobs

@@ -23,9 +23,12 @@ The field's fixed order (README "Tuning"):
      sweep that replays the version schedule recorded by the chosen setting's threaded run
      (the same lags, sampler by sampler, bit for bit reproducible), `ppo.clip_eps` x
      `ppo.num_epochs` x `ppo.num_minibatches`. Choice: the highest final return (mean over
-     seeds of the last quarter of iterations) among the settings with mean KL under the target
-     (else the lowest KL). The clip values share one compile; each (epochs, minibatches) pair
-     is its own (they shape the update's loops).
+     seeds of the last quarter of iterations) among the settings with mean KL under the target,
+     checked by a threaded run of it (more epochs or minibatches slow the learner, and a slower
+     learner makes larger lags than the replayed ones): the first of the `VERIFY_TRIES` (3)
+     best whose threaded mean KL is under the target; else the starting PPO fields. The clip
+     values share one compile; each (epochs, minibatches) pair is its own (they shape the
+     update's loops).
 
 Steps 1-3 are real threaded runs of `budget_per_run` env steps (default: the config's
 `total_env_steps`, the budget the result is for), measured with
@@ -67,6 +70,8 @@ WARMUP_FRACTION = 0.2
 MEASUREMENTS_FILE = "measurements.jsonl"
 BATCH_FACTORS = (("rollout.num_envs", 2), ("rollout.num_envs", 4), ("rollout.num_steps", 2))
 CLIP_VALUES = (0.1, 0.2, 0.3)
+VERIFY_TRIES = 3
+"""Step 4: threaded runs that check the best replayed settings' KL, at most this many."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,12 +400,32 @@ def step_replay(tuner: _Tuner, chosen: Mapping[str, Any], seeds: int,
     for row in rows:
         tuner.say(f"  {_describe({k: row[k] for k in grid})}: return {row['final_return_mean']:.1f}, "
                   f"KL {row['approx_kl_mean']:.4f}")
-    i, ok = best_under_target(rows, tuner.kl_target, "final_return_mean")
-    pick = rows[i]
-    choice = {k: pick[k] for k in grid}
-    why = (f"final return {pick['final_return_mean']:.1f}, mean KL {pick['approx_kl_mean']:.4f}"
-           + ("" if ok else f" (no setting had mean KL < {tuner.kl_target}: the lowest KL, missed)"))
-    return TuneStep(4, "clip, epochs and minibatches", rule, rows, choice, why)
+    choice, why = _verified_choice(tuner, chosen, rows, grid)
+    return TuneStep(4, "clip, epochs and minibatches", rule + f"; check the choice with a threaded run (up to "
+                    f"{VERIFY_TRIES} candidates)", rows, choice, why)
+
+
+def _verified_choice(tuner: _Tuner, chosen: Mapping[str, Any], rows: list, grid: Mapping[str, Any]) -> tuple[dict, str]:
+    """Step 4's choice, checked on the real thing: the replay keeps the recorded lags, but more
+    epochs or minibatches slow the learner, and a slower learner makes larger lags. The
+    candidates under the target, best replayed return first, each get a threaded run; the
+    first whose measured mean KL is under the target wins (at most VERIFY_TRIES; none: the
+    starting PPO fields stay). Adds `threaded_kl` / `threaded_return` to the checked rows."""
+    order = sorted((i for i, r in enumerate(rows) if r["approx_kl_mean"] < tuner.kl_target),
+                   key=lambda i: (-rows[i]["final_return_mean"], i))
+    for i in order[:VERIFY_TRIES]:
+        candidate = {k: rows[i][k] for k in grid}
+        unchanged = all(get_path(tuner.base, k) == v for k, v in candidate.items())
+        measured = tuner.measure(4, {**chosen, **candidate}) if not unchanged else tuner.measure(2, dict(chosen))
+        rows[i]["threaded_kl"], rows[i]["threaded_return"] = measured["approx_kl_mean"], measured["final_return"]
+        if measured["approx_kl_mean"] < tuner.kl_target:
+            return candidate, (f"replayed final return {rows[i]['final_return_mean']:.1f} at mean KL "
+                               f"{rows[i]['approx_kl_mean']:.4f}; its threaded run: mean KL {measured['approx_kl_mean']:.4f}, "
+                               f"final return {measured['final_return']:.1f}")
+    if not order:
+        return {}, f"no replayed setting had mean KL < {tuner.kl_target} (missed): the starting PPO fields stay"
+    return {}, (f"the {min(len(order), VERIFY_TRIES)} best replayed settings all ran over the KL target in threaded "
+                "runs (missed): the starting PPO fields stay")
 
 
 def _plain(value: Any) -> Any:
@@ -490,7 +515,8 @@ _STEP_COLUMNS = {
     1: ("num_samplers", "buffer_chunks", "consumer_steps_per_s", "approx_kl_mean", "lag_mean", "dropped_fraction", "final_return"),
     2: ("num_samplers", "consumer_steps_per_s", "approx_kl_mean", "lag_mean", "passes", "final_return"),
     3: ("batch", "consumer_steps_per_s", "approx_kl_mean", "lag_mean", "final_return"),
-    4: ("ppo.clip_eps", "ppo.num_epochs", "ppo.num_minibatches", "final_return_mean", "final_return_std", "approx_kl_mean"),
+    4: ("ppo.clip_eps", "ppo.num_epochs", "ppo.num_minibatches", "final_return_mean", "final_return_std", "approx_kl_mean",
+        "threaded_kl", "threaded_return"),
 }
 
 
@@ -514,7 +540,8 @@ def report_text(result: TuneResult) -> str:
     for step in result.steps:
         parts += [f"## Step {step.number}: {step.title}", "", f"Rule: {step.rule}.", ""]
         if step.rows:
-            columns = _STEP_COLUMNS[step.number] if step.number != 4 else (*step.choice, *_STEP_COLUMNS[4][3:])
+            grid = [k for k in step.rows[0] if "." in k]  # step 4: its grid's dotted fields
+            columns = _STEP_COLUMNS[step.number] if step.number != 4 else (*grid, *_STEP_COLUMNS[4][3:])
             parts += [markdown_table(step.rows, columns), ""]
         parts += [f"Choice: {_describe(step.choice) or 'no change'}. Why: {step.why}.", ""]
     changed = {k: v for s in result.steps for k, v in s.choice.items()}

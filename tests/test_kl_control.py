@@ -62,8 +62,8 @@ def test_holds_the_target_from_a_bad_setting_with_a_straggler():
     assert np.mean(post <= 1.25 * 0.02) >= 0.8
     final = states[-1].knobs
     assert final.refresh_lag == 1  # the cheapest rung went first
-    assert not final.active[3]  # the straggler is paused first
-    assert plant.throughput(final) >= 0.8  # still out-producing most of what the learner takes
+    assert final.max_lag is not None and final.max_lag <= 8  # then the buffer's effective depth
+    assert plant.throughput(final) == 1.0  # the lag was residency: capping it cost no throughput
 
 
 def test_decrease_walks_the_ladder_in_order():
@@ -72,28 +72,31 @@ def test_decrease_walks_the_ladder_in_order():
     knobs = decrease(knobs, lag_max=20, rates=rates)
     assert knobs == LagKnobs((True,) * 4, 2, None)
     knobs = decrease(decrease(knobs, 20, rates), 20, rates)
-    assert knobs == LagKnobs((True, True, False, False), 1, None)  # halved: the two slowest paused
-    knobs = decrease(knobs, 20, rates)
-    assert knobs == LagKnobs((True, False, False, False), 1, None)
-    knobs = decrease(knobs, 20, rates)
-    assert knobs.max_lag == 10  # half the largest lag seen
-    knobs = decrease(knobs, 6, rates)  # the cap binds less than the lags seen: halve from those
+    assert knobs == LagKnobs((True,) * 4, 1, 10)  # refresh_lag at 1, then half the largest lag seen
+    knobs = decrease(knobs, 6, rates)  # the lags seen stay under the cap: halve from them
     assert knobs.max_lag == 3
-    floor = LagKnobs((True, False, False, False), 1, 1)
-    assert decrease(floor, 5, rates) is floor  # nothing left to lower
+    knobs = decrease(knobs, 3, rates)
+    assert knobs == LagKnobs((True,) * 4, 1, 1)
+    knobs = decrease(knobs, 1, rates)
+    assert knobs == LagKnobs((True, True, False, False), 1, 1)  # halved: the two slowest paused
+    knobs = decrease(knobs, 1, rates)
+    assert knobs == LagKnobs((True, False, False, False), 1, 1)
+    assert decrease(knobs, 5, rates) is knobs  # nothing left to lower
 
 
 def test_increase_walks_back_up_and_lifts_a_cap_that_binds_nothing():
     limits = ControllerLimits(target=0.02, window=4, num_samplers=3, refresh_lag=2, max_lag=None)
     rates = [1.0, 3.0, 2.0]
     knobs = LagKnobs((True, False, False), 1, 3)
+    knobs = increase(limits, knobs, 3, rates)
+    assert knobs.active == (True, True, False)  # the fastest paused sampler resumes first
+    knobs = increase(limits, knobs, 3, rates)
+    assert knobs.active == (True, True, True)
     knobs = increase(limits, knobs, lag_max=3, rates=rates)
     assert knobs.max_lag == 4  # the cap binds (lags reach it): loosen by one
     knobs = increase(limits, knobs, lag_max=2, rates=rates)
     assert knobs.max_lag is None  # lags stay under it: lifted back to the configured (None)
     knobs = increase(limits, knobs, 2, rates)
-    assert knobs.active == (True, True, False)  # the fastest paused sampler resumes first
-    knobs = increase(limits, increase(limits, knobs, 2, rates), 2, rates)
     assert knobs == LagKnobs((True, True, True), 2, None)
     assert increase(limits, knobs, 2, rates) is knobs  # back at the configured values
     capped = ControllerLimits(target=0.02, window=4, num_samplers=1, refresh_lag=1, max_lag=5)
@@ -107,18 +110,18 @@ def test_window_warm_up_hysteresis_and_nan():
         state = step(limits, state, kl, 4, [1.0, 1.0])
         assert state.action == 0 and state.knobs.num_active == 2 and state.kl_mean is None
     state = step(limits, state, 0.05, 4, [1.0, 2.0])
-    assert state.action == -1 and state.knobs.active == (False, True) and state.adjustments == 1
+    assert state.action == -1 and state.knobs.max_lag == 2 and state.adjustments == 1
     assert state.kl_mean == pytest.approx(0.05) and state.kls == ()  # a fresh window after a change
     for kl in (0.015, 0.015, 0.015):  # inside the band [0.5, 1] x target: hold
         state = step(limits, state, kl, 2, [1.0, 2.0])
-    assert state.action == 0 and state.knobs.num_active == 1 and state.kl_mean == pytest.approx(0.015)
+    assert state.action == 0 and state.knobs.max_lag == 2 and state.kl_mean == pytest.approx(0.015)
     state = step(limits, state, 0.001, 2, [1.0, 2.0])  # the window (0.015, 0.015, 0.001): mean 0.0103, hold
     assert state.action == 0
     state = step(limits, state, 0.001, 2, [1.0, 2.0])  # (0.015, 0.001, 0.001): under half the target
-    assert state.action == 1 and state.knobs.num_active == 2 and state.adjustments == 2
+    assert state.action == 1 and state.knobs.max_lag == 3 and state.adjustments == 2  # the cap bound: + 1
     metrics = kl_control.controller_metrics(state)
     assert metrics == {"controller_kl_mean": pytest.approx(0.017 / 3), "controller_active_samplers": 2,
-                       "controller_refresh_lag": 1, "controller_max_lag": None, "controller_action": 1,
+                       "controller_refresh_lag": 1, "controller_max_lag": 3, "controller_action": 1,
                        "controller_adjustments": 2}
 
 

@@ -126,7 +126,10 @@ def test_tune_end_to_end_writes_everything_and_resumes(tmp_path, monkeypatch):
     report = (out / "report.md").read_text()
     assert all(f"## Step {k}" in report for k in (1, 2, 3, 4)) and "Choice:" in report
     lines = [json.loads(line) for line in (out / "measurements.jsonl").read_text().splitlines()]
-    assert len(lines) == 1 + 2 + 1 + 2  # (2, 4 chunks) once though steps 1 and 2 both use it
+    # (2, 4 chunks) once though steps 1 and 2 both use it; step 4: 2 replayed + 1 threaded check
+    assert len(lines) == 1 + 2 + 1 + 2 + 1
+    checked = [r for r in fourth.rows if "threaded_kl" in r]
+    assert len(checked) == 1 and checked[0]["ppo.clip_eps"] == fourth.choice["ppo.clip_eps"]
     # the chosen config is a file `train --config` accepts, as it is
     parsed = parse_train_args(["--config", str(out / "chosen_config.json"), "--run-dir", str(tmp_path / "run")])
     assert parsed.cfg.replace(run_dir=None) == result.config
