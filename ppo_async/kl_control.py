@@ -8,9 +8,10 @@ goes, to hold the mean KL at or under the target while keeping as many samples f
 target allows. It is additive increase / multiplicative decrease (AIMD, as in TCP congestion
 control: Chiu & Jain 1989) over a ladder of knobs ordered by what they cost in throughput:
 
-  decrease (window mean KL > target), the first rung that can still move:
-    1. refresh_lag  <- max(1, refresh_lag // 2)   samplers refresh more often (costs a params pull)
-    2. max_lag      <- max(1, min(max_lag, lag_max seen) // 2)
+  decrease (window mean KL > target):
+    1. both cheap knobs at once, where they can still move:
+       refresh_lag  <- max(1, refresh_lag // 2)   samplers refresh more often (costs a params pull)
+       max_lag      <- max(1, min(max_lag, lag_max seen) // 2)
                                                   samplers hold back (with full_policy "block")
                                                   or discard what would be staler, the learner
                                                   drops it: it bounds the buffer's effective
@@ -18,8 +19,8 @@ control: Chiu & Jain 1989) over a ladder of knobs ordered by what they cost in t
                                                   (samplers out-produce the learner) it costs no
                                                   throughput; elsewhere it costs a straggler's
                                                   too-old rollouts
-    3. samplers     <- max(1, ceil(n / 2))        pause the slowest active samplers (a straggler's
-                                                  samples are the stalest); costs their throughput
+    2. when neither can: samplers <- max(1, ceil(n / 2)), pausing the slowest active ones (a
+       straggler's samples are the stalest); this costs their throughput
   increase (window mean KL < KL_RAISE_BELOW * target), the same ladder walked back up, one
   step at a time: resume the fastest paused sampler, then max_lag + 1 (back to its configured
   value, None = unlimited, as soon as the window's largest lag sits under the cap: a cap that
@@ -117,14 +118,15 @@ def _resume_fastest(active: tuple[bool, ...], rates: Sequence[float]) -> tuple[b
 
 
 def decrease(knobs: LagKnobs, lag_max: int, rates: Sequence[float]) -> LagKnobs:
-    """One multiplicative decrease: the first rung of refresh_lag, max_lag, samplers that can
-    still move (`knobs` itself when every knob is at its floor)."""
-    if knobs.refresh_lag > 1:
-        return replace(knobs, refresh_lag=max(1, int(knobs.refresh_lag * DECREASE_FACTOR)))
+    """One multiplicative decrease: refresh_lag and max_lag together where they can still move,
+    else the samplers (`knobs` itself when every knob is at its floor)."""
+    refresh_lag = max(1, int(knobs.refresh_lag * DECREASE_FACTOR))
     current = lag_max if knobs.max_lag is None else min(knobs.max_lag, lag_max)
-    new = max(1, int(current * DECREASE_FACTOR))
-    if knobs.max_lag is None or new < knobs.max_lag:
-        return replace(knobs, max_lag=new)
+    max_lag = max(1, int(current * DECREASE_FACTOR))
+    if knobs.max_lag is not None and max_lag >= knobs.max_lag:
+        max_lag = knobs.max_lag
+    if (refresh_lag, max_lag) != (knobs.refresh_lag, knobs.max_lag):
+        return replace(knobs, refresh_lag=refresh_lag, max_lag=max_lag)
     if knobs.num_active > 1:
         keep = max(1, math.ceil(knobs.num_active * DECREASE_FACTOR))
         return replace(knobs, active=_pause_slowest(knobs.active, knobs.num_active - keep, rates))
