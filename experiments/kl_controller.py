@@ -80,8 +80,9 @@ def settings(args: Args, out: str) -> dict[str, pa.Config]:
 
 
 def within_target(df: pd.DataFrame, target: float, warmup_fraction: float = 0.2) -> float:
-    """Fraction of the post-warm-up iterations whose approx_kl is at most 1.25 x target."""
-    kl = pd.to_numeric(df.approx_kl, errors="coerce").to_numpy()[int(len(df) * warmup_fraction):]
+    """Fraction of the post-warm-up iterations whose approx_kl is at most 1.25 x target (of those
+    that measured a KL: an iteration whose samples were all dropped as stale does not count)."""
+    kl = analysis.measured_kl(df)[int(len(df) * warmup_fraction):]
     kl = kl[np.isfinite(kl)]
     return float(np.mean(kl <= 1.25 * target)) if len(kl) else np.nan
 

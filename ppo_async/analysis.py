@@ -28,6 +28,7 @@ __all__ = [
     "lag_histogram_of",
     "per_sampler",
     "run_measurements",
+    "measured_kl",
 ]
 
 By = Union[str, Sequence[str]]
@@ -502,6 +503,19 @@ def summarize(result_or_dataframe, threshold: float | None = None, by_seed: bool
     return pd.DataFrame(rows, columns=columns)
 
 
+def measured_kl(df: pd.DataFrame) -> np.ndarray:
+    """`approx_kl` per row as float64, NaN where no KL was measured: a missing value, or an
+    iteration in which the learner consumed nothing (every sample of its batch was dropped as
+    staler than `lag.max_lag`: `dropped_stale` equals the samples in `lag_histogram`; the
+    update then reports 0)."""
+    kl = _numeric_or_nan(df, "approx_kl")
+    if "dropped_stale" in df.columns and "lag_histogram" in df.columns:
+        taken = np.asarray([np.nansum(np.asarray(h, np.float64)) if _is_list(h) else np.nan for h in df["lag_histogram"]])
+        nothing = (taken > 0) & (_numeric_or_nan(df, "dropped_stale") >= taken)
+        kl = np.where(nothing, np.nan, kl)
+    return kl
+
+
 def run_measurements(df: pd.DataFrame, warmup_fraction: float = 0.2, last_fraction: float = 0.25) -> dict[str, float]:
     """What the tuning recipe reads off one run's metrics rows (one seed, iteration order).
 
@@ -509,7 +523,8 @@ def run_measurements(df: pd.DataFrame, warmup_fraction: float = 0.2, last_fracti
       consumer_steps_per_s: env steps the learner took per second of wall time after the
         warm-up (`env_steps` and `wall_time` from the first row at or past `warmup_fraction` of
         the iterations to the last): the run's throughput, compile and start-up excluded;
-      approx_kl_mean: mean `approx_kl` (KL to the behaviour policy) after the warm-up;
+      approx_kl_mean: mean `approx_kl` (KL to the behaviour policy) after the warm-up, over
+        the iterations that consumed samples (`measured_kl`);
       lag_mean: mean `lag_mean` after the warm-up; lag_max: the largest `lag_max`;
       dropped_fraction: `samples_dropped / (samples_consumed + samples_dropped)` at the end;
       final_return: mean `episode_return` over the last `last_fraction` of the iterations;
@@ -532,7 +547,7 @@ def run_measurements(df: pd.DataFrame, warmup_fraction: float = 0.2, last_fracti
     returns = _numeric_or_nan(df, "episode_return")[-max(1, int(math.ceil(len(df) * last_fraction))):]
     return {
         "consumer_steps_per_s": float(rate),
-        "approx_kl_mean": _column_stat(tail, "approx_kl", "mean"),
+        "approx_kl_mean": _finite_mean(measured_kl(df)[start:]),
         "lag_mean": _column_stat(tail, "lag_mean", "mean"),
         "lag_max": _column_stat(df, "lag_max", "max"),
         "dropped_fraction": _dropped_fraction(df.assign(seed=0) if "seed" not in df.columns else df),

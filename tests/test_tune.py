@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -57,11 +58,16 @@ def test_run_measurements_by_hand():
         "samples_consumed": [100, 200, 300, 400, 500],
         "samples_dropped": [0, 0, 0, 0, 500],
         "episode_return": [None, -5.0, None, -3.0, -1.0],
+        "lag_histogram": [[100, 0], [50, 50], [0, 100], [100, 0], [0, 100]],
+        "dropped_stale": [0, 0, 0, 0, 100],  # row 5: everything stale, nothing consumed: no KL measured
     })
     m = run_measurements(df, warmup_fraction=0.2, last_fraction=0.4)
     # from the end of row 2 (the warm-up's 20%) to the end of row 5: 300 steps in 4 s
     assert m["consumer_steps_per_s"] == pytest.approx(300 / 4.0)
-    assert m["approx_kl_mean"] == pytest.approx(0.02)  # rows 2..5, None skipped
+    assert m["approx_kl_mean"] == pytest.approx(0.02)  # rows 2..4 (row 5 measured nothing)
+    df.loc[4, "approx_kl"] = 0.0  # what the update reports for a batch dropped whole
+    assert run_measurements(df)["approx_kl_mean"] == pytest.approx(0.02)
+    assert np.isnan(pa.analysis.measured_kl(df)[4]) and pa.analysis.measured_kl(df)[1] == 0.01
     assert m["lag_mean"] == pytest.approx(2.5) and m["lag_max"] == 5
     assert m["dropped_fraction"] == pytest.approx(0.5)
     assert m["final_return"] == pytest.approx(-2.0)  # the last 2 rows
