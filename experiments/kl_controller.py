@@ -39,7 +39,7 @@ import tyro
 
 import ppo_async as pa
 from ppo_async import analysis, plots
-from ppo_async.config import config_from_dict, replace_paths
+from ppo_async.config import replace_paths
 from ppo_async.tune import with_latency
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -532,19 +532,10 @@ def run_eval(argv: Sequence[str]) -> int:
         print(EVAL_HELP)
         return 0
 
-    def int_option(name: str, default: int | None) -> int | None:
-        value = _pop_option(args, name)
-        if value is None:
-            return default
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"{name} = {value!r} is invalid: must be an integer") from None
-
-    episodes = int_option("--episodes", 20)
-    step = int_option("--step", None)
-    seed_index = int_option("--seed-index", 0)
-    seed = int_option("--seed", 0)
+    episodes = _number_option(args, "--episodes", int, 20)
+    step = _number_option(args, "--step", int, None)
+    seed_index = _number_option(args, "--seed-index", int, 0)
+    seed = _number_option(args, "--seed", int, 0)
     stochastic = "--stochastic" in args
     args = [a for a in args if a != "--stochastic"]
     unknown = [a for a in args if a.startswith("--")]
