@@ -12,7 +12,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -102,11 +102,11 @@ class JsonlWriter:
         self.close()
 
 
-def read_jsonl(path: str | os.PathLike, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """All rows of a metrics.jsonl (a torn last line from a killed run is ignored), read line by
-    line; with `columns`, each row keeps only those of its fields."""
+def iter_jsonl(path: str | os.PathLike, columns: Iterable[str] | None = None) -> Iterator[dict[str, Any]]:
+    """The rows of a metrics.jsonl one at a time (a torn last line from a killed run is
+    ignored; a bad line before the last raises json.JSONDecodeError); with `columns`, each row
+    keeps only those of its fields. Nothing but the current row is held."""
     keep = None if columns is None else set(columns)
-    rows: list[dict[str, Any]] = []
     torn = None  # a line that did not parse: an error unless it is the last one
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -119,8 +119,13 @@ def read_jsonl(path: str | os.PathLike, columns: Iterable[str] | None = None) ->
             except json.JSONDecodeError as exc:
                 torn = exc
                 continue
-            rows.append(row if keep is None else {k: v for k, v in row.items() if k in keep})
-    return rows
+            yield row if keep is None else {k: v for k, v in row.items() if k in keep}
+
+
+def read_jsonl(path: str | os.PathLike, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """All rows of a metrics.jsonl (a torn last line from a killed run is ignored), read line by
+    line (`iter_jsonl`); with `columns`, each row keeps only those of its fields."""
+    return list(iter_jsonl(path, columns))
 
 
 class Progress:

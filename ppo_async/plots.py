@@ -14,6 +14,7 @@ overlaid figures of several runs (`python -m ppo_async compare`).
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import warnings
@@ -40,6 +41,7 @@ __all__ = [
     "kl_vs_buffer",
     "sampler_time_split",
     "plot_run",
+    "run_frames",
     "read_run_metrics",
     "COMPARE_FILES",
     "seed_quantiles",
@@ -600,38 +602,114 @@ def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
     learning_curve.png, kl_over_time.png, throughput.png, and lag_histogram.png /
     kl_per_lag.png / sampler_time.png (threaded) when those columns exist. A plot whose columns have no finite value yet
     (e.g. no episode finished) is skipped. `label` names the run in the learning curve's
-    legend (default: the directory's name). Returns the paths written."""
+    legend (default: the directory's name). Returns the paths written.
+
+    The file is read once, line by line (`run_frames`): the curves keep their scalar columns
+    for every row, the list-valued columns are reduced as they are read (the memory a long run's
+    plots need does not grow with its list columns)."""
     run_dir = os.fspath(run_dir)
-    df = read_run_metrics(run_dir, "plot_run", columns=PLOT_RUN_COLUMNS)  # only what the plots draw: a long run's file stays on disk
+    curves, lists = run_frames(run_dir, "plot_run")
     name = label or os.path.basename(os.path.normpath(os.path.abspath(run_dir))) or "run"
     written: list[str] = []
 
     def out(stem: str) -> str:
+        gc.collect()  # the figure before is unreachable but held in a cycle: free it, so the next reuses its memory
         p = os.path.join(run_dir, f"{stem}.png")
         written.append(p)
         return p
 
-    if _has_values(df, "episode_return") and "env_steps" in df.columns:
-        learning_curve({name: df}, x="env_steps", path=out("learning_curve"))
-    if _has_values(df, "approx_kl") and "env_steps" in df.columns:
-        kl_over_time(df, path=out("kl_over_time"))
-    if _has_values(df, "steps_per_second") and "wall_time" in df.columns:
-        throughput(df, path=out("throughput"))
-    if _has_values(df, "lag_histogram", lists=True):
-        lag_histogram(df, path=out("lag_histogram"))
-    if _has_values(df, "kl_per_lag", lists=True):
-        kl_per_lag(df, path=out("kl_per_lag"))
-    if all(c in df.columns for c, _ in SAMPLER_TIME_COLUMNS):
-        sampler_time_split(df, path=out("sampler_time"))
+    if _has_values(curves, "episode_return") and "env_steps" in curves.columns:
+        learning_curve({name: curves}, x="env_steps", path=out("learning_curve"))
+    if _has_values(curves, "approx_kl") and "env_steps" in curves.columns:
+        kl_over_time(curves, path=out("kl_over_time"))
+    if _has_values(curves, "steps_per_second") and "wall_time" in curves.columns:
+        throughput(curves, path=out("throughput"))
+    if _has_values(lists, "lag_histogram", lists=True):
+        lag_histogram(lists, path=out("lag_histogram"))
+    if _has_values(lists, "kl_per_lag", lists=True):
+        kl_per_lag(lists, path=out("kl_per_lag"))
+    if all(c in lists.columns for c, _ in SAMPLER_TIME_COLUMNS):
+        sampler_time_split(lists, path=out("sampler_time"))
+    gc.collect()
     return written
 
 
-# The columns `plot_run` reads (of the rows that have them).
-PLOT_RUN_COLUMNS = (
+# The columns `plot_run` reads (of the rows that have them): scalars drawn per row ...
+PLOT_RUN_CURVE_COLUMNS = (
     "seed", "config_id", "iteration", "env_steps", "wall_time", "episode_return", "approx_kl", "approx_kl_max",
-    "steps_per_second", "sampler_steps_per_second", "lag_histogram", "kl_per_lag",
-    *(c for c, _ in SAMPLER_TIME_COLUMNS),
+    "steps_per_second", "sampler_steps_per_second",
 )
+# ... and lists, reduced over the rows as they are read.
+PLOT_RUN_LIST_COLUMNS = ("lag_histogram", "kl_per_lag", *(c for c, _ in SAMPLER_TIME_COLUMNS))
+PLOT_RUN_COLUMNS = PLOT_RUN_CURVE_COLUMNS + PLOT_RUN_LIST_COLUMNS
+
+
+class _PaddedSum:
+    """Element-wise sum and count of the finite entries of lists of varying length."""
+
+    def __init__(self) -> None:
+        self.sums = np.zeros(0)
+        self.counts = np.zeros(0)
+
+    def add(self, values: Sequence[Any]) -> None:
+        row = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        if len(row) > len(self.sums):
+            self.sums = np.pad(self.sums, (0, len(row) - len(self.sums)))
+            self.counts = np.pad(self.counts, (0, len(row) - len(self.counts)))
+        finite = np.isfinite(row)
+        self.sums[: len(row)] += np.where(finite, row, 0.0)
+        self.counts[: len(row)] += finite
+
+
+def run_frames(run_dir: str | os.PathLike, what: str = "run_frames") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What `plot_run` draws from `run_dir/metrics.jsonl`, read in one pass:
+
+    - `curves`: one row per metrics row with the `PLOT_RUN_CURVE_COLUMNS` it has (None where
+      a row lacks one);
+    - `lists`: one row that stands for all of them for the list-valued plots: `lag_histogram`
+      summed over the rows (`analysis.lag_histogram_of`), `kl_per_lag` averaged per bucket over
+      the rows that have a finite value there (`mean_kl_per_lag`; NaN where none has), and the
+      sampler time columns of the last row (what `sampler_time_split` reads). A column no row
+      holds a list in is absent.
+
+    So `lag_histogram(lists)`, `kl_per_lag(lists)` and `sampler_time_split(lists)` draw what
+    they would draw from every row, without holding every row's lists.
+
+    Raises FileNotFoundError when there is no metrics.jsonl, ValueError when it has no rows.
+    """
+    from ppo_async.metrics import iter_jsonl
+
+    metrics_path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
+    if not os.path.isfile(metrics_path):
+        raise FileNotFoundError(f"{what}: no metrics.jsonl in {os.fspath(run_dir)!r}")
+    columns: dict[str, list[Any]] = {}
+    histogram, kl = _PaddedSum(), _PaddedSum()
+    last: dict[str, Any] = {}
+    n = 0
+    for row in iter_jsonl(metrics_path, PLOT_RUN_COLUMNS):
+        for name in PLOT_RUN_CURVE_COLUMNS:
+            if name in row:
+                columns.setdefault(name, [None] * n).append(row[name])
+            elif name in columns:
+                columns[name].append(None)
+        if isinstance(row.get("lag_histogram"), list):
+            histogram.add(row["lag_histogram"])
+        if isinstance(row.get("kl_per_lag"), list):
+            kl.add(row["kl_per_lag"])
+        last = row
+        n += 1
+    if n == 0:
+        raise ValueError(f"{what}: {metrics_path} has no rows")
+    lists: dict[str, list[Any]] = {}
+    if histogram.counts.sum() > 0:
+        lists["lag_histogram"] = [histogram.sums.tolist()]
+    if kl.counts.sum() > 0:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lists["kl_per_lag"] = [np.where(kl.counts > 0, kl.sums / np.maximum(kl.counts, 1), np.nan).tolist()]
+    for name, _ in SAMPLER_TIME_COLUMNS:
+        if name in last:
+            lists[name] = [last[name]]
+    return pd.DataFrame(columns), pd.DataFrame(lists, index=[0]) if lists else pd.DataFrame(index=[0])
 
 
 def read_run_metrics(run_dir: str | os.PathLike, what: str = "read_run_metrics", columns: Sequence[str] | None = None) -> pd.DataFrame:

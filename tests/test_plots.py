@@ -259,3 +259,41 @@ def test_plot_run_sync_and_lag_runs(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         plots.plot_run(tmp_path / "nowhere")
+
+
+def test_run_frames_reduce_the_lists_to_what_every_row_would_draw(tmp_path):
+    """`plot_run` reads a run once and keeps no row's lists: the one-row `lists` frame gives
+    the histogram, KL per lag and sampler split of all rows, the curves keep every row."""
+    rows = [
+        {"seed": 0, "iteration": 1, "env_steps": 32, "approx_kl": 0.01, "lag_histogram": [32, 0],
+         "kl_per_lag": [0.01, None], "sampler_rollout_s": [1.0, 2.0]},
+        {"seed": 0, "iteration": 2, "env_steps": 64, "approx_kl": 0.02, "lag_histogram": [10, 20, 2],
+         "kl_per_lag": [0.03, 0.05, None], "sampler_rollout_s": [1.5, 2.5]},
+        {"seed": 0, "iteration": 3, "env_steps": 96, "episode_return": -5.0},  # no lists (e.g. a sync row)
+        {"seed": 0, "iteration": 4, "env_steps": 128, "approx_kl": 0.04, "lag_histogram": [0, 30, 2],
+         "kl_per_lag": [None, 0.02, 0.07], "sampler_rollout_s": [2.0, 3.0]},
+    ]
+    for name in ("sampler_wait_params_s", "sampler_wait_buffer_s", "sampler_latency_s"):
+        for r in rows:
+            if "sampler_rollout_s" in r:
+                r[name] = [0.5, 0.25]
+    write_run(tmp_path, rows)
+    curves, lists = plots.run_frames(tmp_path)
+    full = plots.read_run_metrics(tmp_path)
+    assert len(lists) == 1 and len(curves) == 4
+    np.testing.assert_array_equal(plots.summed_lag_histogram(lists), [42, 50, 4])  # by hand
+    np.testing.assert_array_equal(plots.summed_lag_histogram(lists), plots.summed_lag_histogram(full))
+    np.testing.assert_allclose(plots.mean_kl_per_lag(lists), [0.02, 0.035, 0.07], rtol=1e-12)  # by hand
+    np.testing.assert_allclose(plots.mean_kl_per_lag(lists), plots.mean_kl_per_lag(full), rtol=1e-12)
+    assert lists["sampler_rollout_s"][0] == [2.0, 3.0]  # the last row's cumulative seconds
+    assert curves["iteration"].tolist() == [1, 2, 3, 4]
+    np.testing.assert_array_equal(plots._numeric(curves["approx_kl"]), [0.01, 0.02, NAN, 0.04])
+    np.testing.assert_array_equal(plots._numeric(curves["episode_return"]), [NAN, NAN, -5.0, NAN])
+    assert "lag_histogram" not in curves.columns
+    paths = plots.plot_run(tmp_path)
+    assert [os.path.basename(p) for p in paths] == ["learning_curve.png", "kl_over_time.png", "lag_histogram.png",
+                                                    "kl_per_lag.png", "sampler_time.png"]
+    with pytest.raises(ValueError, match="no rows"):
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "empty" / "metrics.jsonl").write_text("")
+        plots.run_frames(tmp_path / "empty")
