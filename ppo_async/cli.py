@@ -659,7 +659,8 @@ def quiet_library_noise() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m ppo_async`; returns the exit status (2: user error, one line
-    on stderr; 3: NaN/inf in training; 130: interrupted). `--help` of a command returns 0."""
+    on stderr; 3: NaN/inf in training; 4: another process of a multi-process run failed or
+    died; 130: interrupted). `--help` of a command returns 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -680,20 +681,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _finish_processes(commands[command](rest))
     except (ConfigError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return _finish_processes(2)
-    except DistributedFailure as exc:
+        return _finish_processes(2, str(exc))
+    except DistributedFailure as exc:  # another process failed first: its failure, not this one's
         print(f"error: {exc}", file=sys.stderr)
-        return _finish_processes(1)
+        return _finish_processes(DistributedFailure.exit_status, str(exc), report=False)
     except NonFiniteError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return _finish_processes(3)
+        return _finish_processes(3, str(exc))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return _finish_processes(130)
-    except BaseException:
-        if _joined_processes():  # the traceback, then out at once (see _finish_processes)
+        return _finish_processes(130, "interrupted")
+    except BaseException as exc:
+        if _joined_processes():  # the traceback, then out (see _finish_processes)
             traceback.print_exc()
-            _finish_processes(1)
+            _finish_processes(1, f"{type(exc).__name__}: {exc}")
         raise
     except SystemExit as exc:  # tyro: --help (0) and its own usage errors (2, already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
@@ -705,10 +706,11 @@ def _joined_processes() -> bool:
     return jax is not None and jax.distributed.is_initialized()
 
 
-def _finish_processes(code: int) -> int:
+def _finish_processes(code: int, failure: str = "", report: bool = True) -> int:
     """The exit status of a command; in a multi-process run, leaves jax.distributed as well:
-    after success with its shutdown barrier (every process has finished), after a failure at
-    once with `os._exit` (a barrier with a failed peer would wait for it until aborted)."""
+    after success with its shutdown barrier (every process has finished); after a failure
+    with `os._exit` (a barrier with a failed peer would wait for it until aborted), once the
+    others can know why (`distributed.leave_after_failure`: process 0 waits for them)."""
     if not _joined_processes():
         return code
     sys.stdout.flush()
@@ -716,6 +718,11 @@ def _finish_processes(code: int) -> int:
     if code == 0:
         sys.modules["jax"].distributed.shutdown()
         return code
+    from ppo_async import distributed
+
+    distributed.leave_after_failure(failure or f"exit status {code}", report=report)
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(code)
 
 

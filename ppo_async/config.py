@@ -34,6 +34,8 @@ class ConfigError(ValueError):
 class DistributedFailure(RuntimeError):
     """Another process of a multi-process run (`distributed.*`) failed, died or was killed."""
 
+    exit_status = 4  # `python -m ppo_async`'s status for it: this process stopped because another failed
+
 
 def _fail(name: str, value: Any, rule: str) -> None:
     raise ConfigError(f"{name} = {value!r} is invalid: {rule}")

@@ -53,6 +53,7 @@ def initialize(d: DistributedConfig) -> None:
     (`python -m ppo_async train` joins before parsing the env name). Raises ConfigError when
     JAX already runs here with another process layout, or when joining fails.
     """
+    global _JOINED
     if d.num_processes == 1:
         return
     if jax.distributed.is_initialized():
@@ -75,6 +76,53 @@ def initialize(d: DistributedConfig) -> None:
         ) from exc
     if jax.process_count() != d.num_processes:
         raise ConfigError(f"distributed.num_processes = {d.num_processes} but JAX sees {jax.process_count()} processes")
+    _JOINED = d
+
+
+_JOINED: DistributedConfig | None = None  # the layout `initialize` joined (what `leave_after_failure` waits by)
+LEAVE_GRACE_S = 0.5  # after the others have ended: time for them to exit before the coordination service goes
+
+
+def leave_after_failure(message: str, report: bool = True, client: Any = None, joined: DistributedConfig | None = None) -> None:
+    """Before a process of a multi-process run exits on a failure (`python -m ppo_async`'s exit).
+
+    Every process marks itself ended and, with `report`, records `message` as its failure
+    unless it reported one already (an error it only inherited from a peer is not reported).
+    Process 0 then waits: it hosts JAX's coordination service, and the others learn of the
+    failure through it (a peer still compiling reads it when it next waits for process 0). If
+    it left at once, JAX would abort them with its own fatal message and no word of the cause.
+    It waits until every other process has ended, finished or fallen silent (its heartbeat
+    counter still for half of `heartbeat_timeout_s`), at most `initialization_timeout_s`, then
+    `LEAVE_GRACE_S` for them to exit. Best effort: a service already gone ends the wait.
+    """
+    d = joined or _JOINED
+    if d is None or d.num_processes == 1:
+        return
+    try:
+        client = _client() if client is None else client
+        prefix = KEY_PREFIX + "run/"
+        reported = {int(k.rpartition("/")[2]) for k, _ in client.key_value_dir_get(prefix + "failed/")}
+        if report and d.process_id not in reported:
+            client.key_value_set(f"{prefix}failed/{d.process_id}", message[:2000])
+        client.key_value_set(f"{prefix}ended/{d.process_id}", "1")
+        if d.process_id != 0:
+            return
+        deadline = time.monotonic() + d.initialization_timeout_s
+        seen: dict[int, tuple[str, float]] = {}
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            gone = {int(k.rpartition("/")[2]) for sub in ("ended/", "done/") for k, _ in client.key_value_dir_get(prefix + sub)}
+            for key, value in client.key_value_dir_get(prefix + "alive/"):
+                peer = int(key.rpartition("/")[2])
+                if seen.get(peer, (None,))[0] != value:
+                    seen[peer] = (value, now)
+            silent = {p for p, (_, since) in seen.items() if now - since > d.heartbeat_timeout_s / 2}
+            if all(p in gone or p in silent for p in range(1, d.num_processes)):
+                time.sleep(LEAVE_GRACE_S)
+                return
+            time.sleep(POLL_S)
+    except Exception:  # noqa: BLE001 - the service is gone: nobody left to tell
+        return
 
 
 def distributed_from_args(args: Sequence[str], file_section: Mapping[str, Any] | None = None) -> DistributedConfig:

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import IO, Sequence
 
-from ppo_async.config import ConfigError
+from ppo_async.config import ConfigError, DistributedFailure
 
 LAUNCH_HELP = """usage: python -m ppo_async launch --num-processes N [--port PORT] -- train [TRAIN OPTIONS]
 
@@ -59,9 +59,13 @@ def exit_status(code: int) -> int:
 
 
 def first_failure(finished: Sequence[tuple[float, int, int]]) -> tuple[int, int] | None:
-    """`(process, return code)` of the earliest non-zero exit among `(time, process, code)`."""
+    """`(process, return code)` of the earliest non-zero exit among `(time, process, code)`,
+    leaving out the processes that stopped because another failed (`DistributedFailure`'s
+    status 4) unless all did: process 0 outlives the others on purpose after a failure
+    (`distributed.leave_after_failure`), so the first to exit is often not the cause."""
     failed = sorted((t, p, c) for t, p, c in finished if c != 0)
-    return (failed[0][1], failed[0][2]) if failed else None
+    own = [f for f in failed if f[2] != DistributedFailure.exit_status] or failed
+    return (own[0][1], own[0][2]) if own else None
 
 
 def _stream(prefix: str, pipe: IO[str], out: IO[str], lock: threading.Lock) -> None:

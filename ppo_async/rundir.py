@@ -21,7 +21,7 @@ from ppo_async.metrics import read_jsonl
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 # Files and folders a run writes; a fresh run in an existing run directory removes them first.
-RUN_OUTPUTS = (METRICS_FILE, "checkpoints", "tb", "lag_schedule.jsonl", "version_schedule.jsonl")
+RUN_OUTPUTS = (METRICS_FILE, "checkpoints", "tb", "logs", "lag_schedule.jsonl", "version_schedule.jsonl")
 
 # Version of what a checkpoint's `state` item holds. 2: the optimiser state is optax's
 # inject_hyperparams(chain(clip_by_global_norm, frozen-critic Adam, scale_by_learning_rate)).
@@ -64,8 +64,7 @@ def prepare_fresh(run_dir: str) -> None:
     metrics.jsonl starts over. A non-empty directory that is not a run directory is refused
     (ConfigError), so a mistyped run_dir never deletes someone's files.
     """
-    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
-        raise ConfigError(f"run_dir = {run_dir!r} is invalid: it is a file, not a directory")
+    _check_not_a_file(run_dir)
     if os.path.isdir(run_dir) and os.listdir(run_dir) and not os.path.isfile(os.path.join(run_dir, CONFIG_FILE)):
         raise ConfigError(
             f"run_dir = {run_dir!r} is invalid: the directory is not empty and is not a ppo_async run directory "
@@ -81,6 +80,17 @@ def prepare_fresh(run_dir: str) -> None:
                 os.remove(path)
 
 
+def _check_not_a_file(run_dir: str) -> None:
+    """ConfigError when `run_dir`, or a directory above it, is a file (it could not be created)."""
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise ConfigError(f"run_dir = {run_dir!r} is invalid: it is a file, not a directory")
+    parent = os.path.dirname(os.path.abspath(run_dir))
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"run_dir = {run_dir!r} is invalid: {parent!r} above it is a file, not a directory")
+
+
 def check_can_start(config: Config, resume: bool) -> None:
     """Checks `config.run_dir` before anything is compiled; raises ConfigError when a run cannot
     start there.
@@ -94,8 +104,7 @@ def check_can_start(config: Config, resume: bool) -> None:
     run_dir = config.run_dir
     if run_dir is None:
         return
-    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
-        raise ConfigError(f"run_dir = {run_dir!r} is invalid: it is a file, not a directory")
+    _check_not_a_file(run_dir)
     holds_run = os.path.isfile(os.path.join(run_dir, CONFIG_FILE))
     if resume:
         _check_resumable(config)

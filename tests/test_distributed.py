@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import jax
@@ -140,12 +141,73 @@ def test_launch_parsing_and_exit_statuses():
     assert launch.exit_status(-9) == 137 and launch.exit_status(2) == 2
     assert launch.first_failure([(1.0, 0, 0), (3.0, 1, -6), (2.0, 2, 1)]) == (2, 1)
     assert launch.first_failure([(1.0, 0, 0)]) is None
+    # process 1 stopped because process 0 failed (status 4) and left first: process 0 is the failure
+    assert launch.first_failure([(2.5, 0, 2), (1.0, 1, 4)]) == (0, 2)
+    assert launch.first_failure([(2.5, 0, 4), (1.0, 1, 4)]) == (1, 4)
 
 
 def test_launch_refuses_bad_train_options_before_starting_anything(cli_main):
     done = cli_main(["launch", "--num-processes", "2", "--", "train", "--mode", "sync"])
     assert done.returncode == 2 and "must be 'threaded' with distributed.num_processes = 2" in done.stderr
     assert "[0]" not in done.stdout  # no process started
+
+
+class FakeKeyValueStore:
+    """The coordination service's key-value calls `distributed` makes (one dict, thread-safe enough for a test)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+        self.sets: list[str] = []
+
+    def key_value_set(self, key: str, value: str) -> None:
+        self.values[key] = value
+        self.sets.append(key)
+
+    def key_value_dir_get(self, prefix: str) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in list(self.values.items()) if k.startswith(prefix)]
+
+
+def test_process_0_leaves_after_a_failure_only_once_the_others_have_ended_or_gone_silent():
+    """Process 0 hosts the coordination service the others learn of a failure through: it
+    waits for them (ended, done, or a heartbeat that stood still), the others do not."""
+    run = distributed.KEY_PREFIX + "run/"
+    layout = lambda pid: DistributedConfig(num_processes=3, process_id=pid, coordinator_address="127.0.0.1:1",
+                                           heartbeat_timeout_s=1, initialization_timeout_s=5)
+    store = FakeKeyValueStore()
+    t0 = time.monotonic()
+    distributed.leave_after_failure("ValueError: boom", client=store, joined=layout(1))  # a peer: no wait
+    assert time.monotonic() - t0 < 0.5
+    assert store.values[run + "failed/1"] == "ValueError: boom" and store.values[run + "ended/1"] == "1"
+
+    store = FakeKeyValueStore()
+    store.values[run + "failed/0"] = "RuntimeError: learner"  # reported earlier (Exchange.blame): kept
+    store.values[run + "alive/2"] = "7"  # process 2's heartbeat, standing still from now on
+    threading.Timer(0.8, store.key_value_set, (run + "ended/1", "1")).start()
+    t0 = time.monotonic()
+    distributed.leave_after_failure("exit status 1", client=store, joined=layout(0))
+    waited = time.monotonic() - t0
+    assert store.values[run + "failed/0"] == "RuntimeError: learner" and store.values[run + "ended/0"] == "1"
+    # process 1 ended at 0.8 s, process 2 went silent at 0.5 s (half the heartbeat timeout); then the grace
+    assert 0.8 + distributed.LEAVE_GRACE_S <= waited < 0.8 + distributed.LEAVE_GRACE_S + 1.0, waited
+
+    store = FakeKeyValueStore()  # an inherited failure is not reported as this process's own
+    distributed.leave_after_failure("process 0 failed: x", report=False, client=store, joined=layout(2))
+    assert run + "failed/2" not in store.values and store.values[run + "ended/2"] == "1"
+    distributed.leave_after_failure("x", client=store, joined=DistributedConfig())  # one process: nothing
+    assert store.sets == [run + "ended/2"]
+
+
+def test_launch_returns_the_failure_and_every_process_says_why(tmp_path):
+    """A run that fails in every process once they have joined (threaded mode takes one seed,
+    checked when the run starts): each process ends with one clear line, none is aborted by
+    JAX, and `launch` exits with the failure's status."""
+    done = run_module(["launch", "--num-processes", "2", "--", "train", *TINY, "--num-seeds", "2", "--total-env-steps", "1280",
+                       "--run-dir", str(tmp_path / "run"), "--quiet"], timeout=180)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-4000:]
+    for p in range(2):
+        assert f"[{p}] error: num_seeds = 2 is invalid for mode='threaded': must be 1" in out, out[-4000:]
+    assert "Traceback" not in out and "Check failure" not in out and "exit statuses [2, 2]" in out, out[-4000:]
 
 
 # --------------------------------------------------------------------------------------
@@ -254,9 +316,11 @@ def test_a_multi_process_run_directory_evaluates(two_process_run, cli_main):
 
 
 def test_a_killed_process_ends_the_other_with_an_error_naming_it(tmp_path):
+    """A barrier run (the launched run above is asynchronous): its rows have lag 0 across both
+    processes until process 1 is killed; then process 0 names it and stops."""
     port = launch.free_port()
     run_dir = tmp_path / "run"
-    args = [*TINY, "--total-env-steps", str(128 * 5000), "--run-dir", str(run_dir), "--quiet",
+    args = [*TINY, "--threaded.barrier", "--total-env-steps", str(256 * 5000), "--run-dir", str(run_dir), "--quiet",
             "--distributed.heartbeat-timeout-s", "5"]
     procs = [subprocess.Popen([sys.executable, "-m", "ppo_async", "train", *args, *dist(p, port)], cwd=REPO_ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in range(2)]
@@ -275,7 +339,9 @@ def test_a_killed_process_ends_the_other_with_an_error_naming_it(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert procs[0].returncode != 0 and took < 15, (procs[0].returncode, took)
+    assert procs[0].returncode == 4 and took < 15, (procs[0].returncode, took)
     assert "error: process 1 died" in err and "process 0 stopped with it" in err, err[-3000:]
     rows = pa.read_jsonl(metrics)  # the run directory was finalised: every row whole
     assert len(rows) >= 3 and [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
+    for r in rows:  # barrier over 2 processes x 2 samplers: one fresh rollout of 64 from each, all at lag 0
+        assert r["lag_max"] == 0 and sum(r["lag_histogram"]) == 4 * 64 and r["process_samples_consumed"] == [128 * r["iteration"]] * 2, r

@@ -58,7 +58,14 @@ def test_family_by_prefix():
     assert pa.config.split_env_name("MinAtar/Breakout") == ("gymnax", "MinAtar/Breakout")
 
 
-@pytest.mark.parametrize("name, known", [("brax/antt", "brax/ant"), ("playground/CartpoleBalanse", "playground/CartpoleBalance"),
+# The tests of one family go to one xdist worker: its import (brax ~8 s here) and the eager ops
+# its env set-up compiles (~250 for brax) are paid once, not once per worker.
+BRAX = pytest.mark.xdist_group("brax")
+PLAYGROUND = pytest.mark.xdist_group("playground")
+
+
+@pytest.mark.parametrize("name, known", [pytest.param("brax/antt", "brax/ant", marks=BRAX),
+                                         pytest.param("playground/CartpoleBalanse", "playground/CartpoleBalance", marks=PLAYGROUND),
                                          ("gymnasium/HalfCheetah-v0", "gymnasium/HalfCheetah-v5")])
 def test_unknown_names_list_the_family(name, known):
     with pytest.raises(ConfigError, match=f"env = '{name}' is not a known .* environment; known: .*{known}"):
@@ -97,7 +104,8 @@ def test_env_options_that_would_do_nothing_or_are_wrong():
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, obs, act", [("brax/inverted_pendulum", 4, 1), ("playground/CartpoleBalance", 5, 1)])
+@pytest.mark.parametrize("name, obs, act", [pytest.param("brax/inverted_pendulum", 4, 1, marks=BRAX),
+                                            pytest.param("playground/CartpoleBalance", 5, 1, marks=PLAYGROUND)])
 def test_physics_env_shapes_truncation_and_no_recompile(name, obs, act):
     env = envs.make_env(name, EnvOptions(episode_length=3))
     assert env.obs_shape == (obs,) and env.action_shape == (act,) and not env.discrete and not env.host_side
@@ -129,6 +137,7 @@ def test_physics_env_shapes_truncation_and_no_recompile(name, obs, act):
     assert np.allclose(seen[1].final_obs, seen[1].obs)
 
 
+@BRAX
 def test_physics_envs_are_distinct_by_options():
     a = envs.make_env("brax/inverted_pendulum")
     b = envs.make_env("brax/inverted_pendulum", EnvOptions(episode_length=10))
@@ -136,6 +145,7 @@ def test_physics_envs_are_distinct_by_options():
     assert a != b and a == envs.make_env("brax/inverted_pendulum")
 
 
+@PLAYGROUND
 def test_playground_sync_run_learns_nothing_wrong_and_checkpoints(tmp_path):
     """sync mode end to end on a Playground env, with the env state (MJX data has zero-size
     leaves) in the final checkpoint, which loads again."""
@@ -149,6 +159,7 @@ def test_playground_sync_run_learns_nothing_wrong_and_checkpoints(tmp_path):
     assert action.shape == (3, 1)
 
 
+@BRAX
 def test_brax_threaded_run_keeps_the_accounting():
     """Brax and Playground share `PhysicsEnv` inside the jitted rollout (Playground runs end to
     end in the sync test above), so one threaded run of a physics env covers both families."""

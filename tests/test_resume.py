@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -14,7 +12,7 @@ from ppo_async import Config, ConfigError, LagConfig, PPOConfig, RolloutConfig, 
 from ppo_async.checkpoint import Checkpointer, CheckpointError
 from ppo_async.recorder import LOSS_FIELDS
 
-from conftest import REPO_ROOT, sigkill_train_when
+from conftest import sigkill_train_when
 
 EXACT = LOSS_FIELDS + ("episode_return", "learner_version", "sgd_steps", "env_steps", "learning_rate",
                        "grad_norm", "clip_fraction", "samples_consumed", "samples_dropped")
@@ -102,7 +100,7 @@ def test_resume_errors(tmp_path):
         resume(str(tmp_path / "r"))
 
 
-def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, cli_main):
     # Killed once two checkpoints exist; with a checkpoint per iteration (~0.4 s each here)
     # the 18 iterations left take long enough that the kill always lands mid-run (asserted).
     iterations = 20
@@ -115,8 +113,8 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     killed_rows = read_jsonl(run_dir / "metrics.jsonl")
     assert len(killed_rows) < iterations
 
-    done = subprocess.run([sys.executable, "-m", "ppo_async", "train", "--resume", str(run_dir), "--quiet"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    # the resume in this process (the same command line; what needs a process is the kill)
+    done = cli_main(["train", "--resume", str(run_dir), "--quiet"])
     assert done.returncode == 0, done.stderr
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == list(range(1, iterations + 1))
