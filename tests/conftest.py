@@ -167,6 +167,17 @@ def pytest_collection_modifyitems(config, items):
         ]
         if shared or _is_exact(item):  # a module's exact_xla tests share one child pytest
             item.add_marker(pytest.mark.xdist_group(module.__name__))
+    # The longest modules first: xdist hands out work in this order, so the last minute holds
+    # short tests that even out the two workers, not one 50 s test with the other worker idle.
+    items.sort(key=lambda item: LONGEST_FIRST.index(item.nodeid.split("::")[0]) if item.nodeid.split("::")[0] in LONGEST_FIRST
+               else len(LONGEST_FIRST))
+
+
+# Modules by descending worker time in the suite (measured with --durations=0, 2 workers).
+LONGEST_FIRST = [f"tests/{name}.py" for name in (
+    "test_env_families", "test_distributed", "test_notebooks", "test_simulated", "test_resume", "test_data_parallel",
+    "test_sync", "test_knobs", "test_threaded", "test_cli_tools",
+)]
 
 
 # --------------------------------------------------------------------------------------
