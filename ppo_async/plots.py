@@ -14,7 +14,6 @@ overlaid figures of several runs (`python -m ppo_async compare`).
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import warnings
@@ -613,24 +612,24 @@ def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
     written: list[str] = []
 
     def out(stem: str) -> str:
-        gc.collect()  # the figure before is unreachable but held in a cycle: free it, so the next reuses its memory
         p = os.path.join(run_dir, f"{stem}.png")
         written.append(p)
         return p
 
+    # Each figure is cleared once written: its artists are freed at once (the figure itself sits
+    # in a reference cycle until a garbage collection), so the next figure reuses their memory.
     if _has_values(curves, "episode_return") and "env_steps" in curves.columns:
-        learning_curve({name: curves}, x="env_steps", path=out("learning_curve"))
+        learning_curve({name: curves}, x="env_steps", path=out("learning_curve")).clear()
     if _has_values(curves, "approx_kl") and "env_steps" in curves.columns:
-        kl_over_time(curves, path=out("kl_over_time"))
+        kl_over_time(curves, path=out("kl_over_time")).clear()
     if _has_values(curves, "steps_per_second") and "wall_time" in curves.columns:
-        throughput(curves, path=out("throughput"))
+        throughput(curves, path=out("throughput")).clear()
     if _has_values(lists, "lag_histogram", lists=True):
-        lag_histogram(lists, path=out("lag_histogram"))
+        lag_histogram(lists, path=out("lag_histogram")).clear()
     if _has_values(lists, "kl_per_lag", lists=True):
-        kl_per_lag(lists, path=out("kl_per_lag"))
+        kl_per_lag(lists, path=out("kl_per_lag")).clear()
     if all(c in lists.columns for c, _ in SAMPLER_TIME_COLUMNS):
-        sampler_time_split(lists, path=out("sampler_time"))
-    gc.collect()
+        sampler_time_split(lists, path=out("sampler_time")).clear()
     return written
 
 
