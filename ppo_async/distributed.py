@@ -91,9 +91,10 @@ def leave_after_failure(message: str, report: bool = True, client: Any = None, j
     Process 0 then waits: it hosts JAX's coordination service, and the others learn of the
     failure through it (a peer still compiling reads it when it next waits for process 0). If
     it left at once, JAX would abort them with its own fatal message and no word of the cause.
-    It waits until every other process has ended, finished or fallen silent (its heartbeat
-    counter still for half of `heartbeat_timeout_s`), at most `initialization_timeout_s`, then
-    `LEAVE_GRACE_S` for them to exit. Best effort: a service already gone ends the wait.
+    It waits until every other process has ended, finished or fallen silent (declared dead by
+    a heartbeat watchdog, `Exchange.start_heartbeat`, or its counter still for half of
+    `heartbeat_timeout_s` here), at most `initialization_timeout_s`, then `LEAVE_GRACE_S` for
+    them to exit. Best effort: a service already gone ends the wait.
     """
     d = joined or _JOINED
     if d is None or d.num_processes == 1:
@@ -111,7 +112,7 @@ def leave_after_failure(message: str, report: bool = True, client: Any = None, j
         seen: dict[int, tuple[str, float]] = {}
         while time.monotonic() < deadline:
             now = time.monotonic()
-            gone = {int(k.rpartition("/")[2]) for sub in ("ended/", "done/") for k, _ in client.key_value_dir_get(prefix + sub)}
+            gone = {int(k.rpartition("/")[2]) for sub in ("ended/", "done/", "dead/") for k, _ in client.key_value_dir_get(prefix + sub)}
             for key, value in client.key_value_dir_get(prefix + "alive/"):
                 peer = int(key.rpartition("/")[2])
                 if seen.get(peer, (None,))[0] != value:
@@ -287,8 +288,11 @@ class Exchange:
                 for peer, value in beats.items():
                     if seen.get(peer, (None,))[0] != value:
                         seen[peer] = (value, now)
-                self._dead = sorted(p for p, (_, since) in seen.items()
-                                    if p != self.process_id and p not in done and now - since > silence_s)
+                dead = sorted(p for p, (_, since) in seen.items()
+                              if p != self.process_id and p not in done and now - since > silence_s)
+                for peer in set(dead) - set(self._dead):  # for `leave_after_failure`: do not wait for it
+                    self.client.key_value_set(f"{self.prefix}dead/{peer}", "1")
+                self._dead = dead
                 if on_peer_failure is not None and not told and self._dead:
                     told = True
                     on_peer_failure(self.describe_failure(wait_s=0.0) or "")

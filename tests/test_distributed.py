@@ -190,6 +190,12 @@ def test_process_0_leaves_after_a_failure_only_once_the_others_have_ended_or_gon
     # process 1 ended at 0.8 s, process 2 went silent at 0.5 s (half the heartbeat timeout); then the grace
     assert 0.8 + distributed.LEAVE_GRACE_S <= waited < 0.8 + distributed.LEAVE_GRACE_S + 1.0, waited
 
+    store = FakeKeyValueStore()  # a peer the heartbeat watchdog declared dead is not waited for
+    store.values[run + "dead/1"] = store.values[run + "dead/2"] = "1"
+    t0 = time.monotonic()
+    distributed.leave_after_failure("process 1 died", report=False, client=store, joined=layout(0))
+    assert time.monotonic() - t0 < distributed.LEAVE_GRACE_S + 0.3 and run + "failed/0" not in store.values
+
     store = FakeKeyValueStore()  # an inherited failure is not reported as this process's own
     distributed.leave_after_failure("process 0 failed: x", report=False, client=store, joined=layout(2))
     assert run + "failed/2" not in store.values and store.values[run + "ended/2"] == "1"
