@@ -291,7 +291,10 @@ class Exchange:
                 dead = sorted(p for p, (_, since) in seen.items()
                               if p != self.process_id and p not in done and now - since > silence_s)
                 for peer in set(dead) - set(self._dead):  # for `leave_after_failure`: do not wait for it
-                    self.client.key_value_set(f"{self.prefix}dead/{peer}", "1")
+                    try:
+                        self.client.key_value_set(f"{self.prefix}dead/{peer}", "1")
+                    except Exception:  # noqa: BLE001 - best effort: naming the dead peer below matters more
+                        pass
                 self._dead = dead
                 if on_peer_failure is not None and not told and self._dead:
                     told = True
