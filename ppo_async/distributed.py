@@ -79,6 +79,21 @@ def initialize(d: DistributedConfig) -> None:
     _JOINED = d
 
 
+class SilenceWatch:
+    """Which heartbeat counters stood still for longer than `silence_s` (pure bookkeeping:
+    `update` is given the counters read from the coordination service and the time)."""
+
+    def __init__(self, silence_s: float) -> None:
+        self.silence_s = silence_s
+        self._seen: dict[int, tuple[str, float]] = {}  # peer -> (last counter value, when it changed)
+
+    def update(self, beats: Mapping[int, str], now: float) -> set[int]:
+        for peer, value in beats.items():
+            if self._seen.get(peer, (None,))[0] != value:
+                self._seen[peer] = (value, now)
+        return {p for p, (_, since) in self._seen.items() if now - since > self.silence_s}
+
+
 _JOINED: DistributedConfig | None = None  # the layout `initialize` joined (what `leave_after_failure` waits by)
 LEAVE_GRACE_S = 0.5  # after the others have ended: time for them to exit before the coordination service goes
 
@@ -109,15 +124,11 @@ def leave_after_failure(message: str, report: bool = True, client: Any = None, j
         if d.process_id != 0:
             return
         deadline = time.monotonic() + d.initialization_timeout_s
-        seen: dict[int, tuple[str, float]] = {}
+        watch = SilenceWatch(d.heartbeat_timeout_s / 2)
         while time.monotonic() < deadline:
-            now = time.monotonic()
             gone = {int(k.rpartition("/")[2]) for sub in ("ended/", "done/", "dead/") for k, _ in client.key_value_dir_get(prefix + sub)}
-            for key, value in client.key_value_dir_get(prefix + "alive/"):
-                peer = int(key.rpartition("/")[2])
-                if seen.get(peer, (None,))[0] != value:
-                    seen[peer] = (value, now)
-            silent = {p for p, (_, since) in seen.items() if now - since > d.heartbeat_timeout_s / 2}
+            beats = {int(k.rpartition("/")[2]): v for k, v in client.key_value_dir_get(prefix + "alive/")}
+            silent = watch.update(beats, time.monotonic())
             if all(p in gone or p in silent for p in range(1, d.num_processes)):
                 time.sleep(LEAVE_GRACE_S)
                 return
@@ -274,8 +285,7 @@ class Exchange:
         - well before JAX's coordination service aborts this process for it (one heartbeat
         timeout), so the run stops cleanly. (The service's own liveness query waits for every
         process, so it cannot name the dead.)"""
-        silence_s = self.config.distributed.heartbeat_timeout_s / 2
-        seen: dict[int, tuple[str, float]] = {}  # peer -> (last counter value, when it changed)
+        watch = SilenceWatch(self.config.distributed.heartbeat_timeout_s / 2)
 
         def beat() -> None:
             told = False
@@ -285,11 +295,7 @@ class Exchange:
                     beats, done, now = self._beats(), self._done(), time.monotonic()
                 except Exception:  # noqa: BLE001 - the service is gone: nothing left to tell
                     return
-                for peer, value in beats.items():
-                    if seen.get(peer, (None,))[0] != value:
-                        seen[peer] = (value, now)
-                dead = sorted(p for p, (_, since) in seen.items()
-                              if p != self.process_id and p not in done and now - since > silence_s)
+                dead = sorted(p for p in watch.update(beats, now) if p != self.process_id and p not in done)
                 for peer in set(dead) - set(self._dead):  # for `leave_after_failure`: do not wait for it
                     try:
                         self.client.key_value_set(f"{self.prefix}dead/{peer}", "1")

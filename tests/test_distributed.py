@@ -167,6 +167,15 @@ class FakeKeyValueStore:
         return [(k, v) for k, v in list(self.values.items()) if k.startswith(prefix)]
 
 
+def test_silence_watch_names_counters_that_stood_still_too_long():
+    watch = distributed.SilenceWatch(silence_s=1.0)
+    assert watch.update({1: "1", 2: "1"}, now=0.0) == set()
+    assert watch.update({1: "2", 2: "1"}, now=0.9) == set()  # 2 still for 0.9 s: not yet
+    assert watch.update({1: "3", 2: "1"}, now=1.5) == {2}  # 2 still since 0.0
+    assert watch.update({1: "3", 2: "2"}, now=2.2) == set()  # 1 still since 1.5 (0.7 s), 2 moved again
+    assert watch.update({1: "3", 2: "3"}, now=2.6) == {1}
+
+
 def test_process_0_leaves_after_a_failure_only_once_the_others_have_ended_or_gone_silent():
     """Process 0 hosts the coordination service the others learn of a failure through: it
     waits for them (ended, done, or a heartbeat that stood still), the others do not."""
