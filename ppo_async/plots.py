@@ -660,6 +660,14 @@ class _PaddedSum:
         self.counts[: len(row)] += finite
 
 
+def _metrics_path(run_dir: str | os.PathLike, what: str) -> str:
+    """run_dir/metrics.jsonl; FileNotFoundError (naming `what`) when it is not there."""
+    path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what}: no metrics.jsonl in {os.fspath(run_dir)!r}")
+    return path
+
+
 def run_frames(run_dir: str | os.PathLike, what: str = "run_frames") -> tuple[pd.DataFrame, pd.DataFrame]:
     """What `plot_run` draws from `run_dir/metrics.jsonl`, read in one pass:
 
@@ -678,9 +686,7 @@ def run_frames(run_dir: str | os.PathLike, what: str = "run_frames") -> tuple[pd
     """
     from ppo_async.metrics import iter_jsonl
 
-    metrics_path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
-    if not os.path.isfile(metrics_path):
-        raise FileNotFoundError(f"{what}: no metrics.jsonl in {os.fspath(run_dir)!r}")
+    metrics_path = _metrics_path(run_dir, what)
     columns: dict[str, list[Any]] = {}
     histogram, kl = _PaddedSum(), _PaddedSum()
     last: dict[str, Any] = {}
@@ -719,9 +725,7 @@ def read_run_metrics(run_dir: str | os.PathLike, what: str = "read_run_metrics",
     """
     from ppo_async.metrics import read_jsonl
 
-    metrics_path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
-    if not os.path.isfile(metrics_path):
-        raise FileNotFoundError(f"{what}: no metrics.jsonl in {os.fspath(run_dir)!r}")
+    metrics_path = _metrics_path(run_dir, what)
     df = pd.DataFrame(read_jsonl(metrics_path, columns))
     if df.empty:
         raise ValueError(f"{what}: {metrics_path} has no rows")
