@@ -88,7 +88,12 @@ class Args:
     peer_steps: int | None = None
     """Env steps of the peer shape (None: 1M, as in the peer comparison)."""
     peer_env_steps_per_s: float = 61_500.0
-    """The peer's median at the peer shape, from an earlier session (see PEER_SOURCE)."""
+    """The peer's median at the peer shape, from an earlier session (see PEER_SOURCE); used only
+    without --peer-dir."""
+    peer_dir: str | None = None
+    """A checkout of PureJaxRL's `purejaxrl/` folder (ppo_continuous_action.py, wrappers.py; not
+    part of this repository, needs `distrax`): measures the peer side by side at the peer shape,
+    a third side interleaved with (i) and (ii)."""
     skip_compile: bool = False
     """Skip (iii)."""
     out: str | None = None
@@ -269,6 +274,89 @@ def roofline_run(roofline: Roofline) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------------------
+# (iv) the public peer, side by side (only with --peer-dir)
+# ----------------------------------------------------------------------------------------
+
+
+class GymnaxForPeer:
+    """A gymnax env in the shape PureJaxRL's continuous PPO expects of `BraxGymnaxWrapper(name)`:
+    `reset(key, params)` / `step(key, state, action, params)` with params ignored (the env's
+    defaults), and gymnax 1.0's (terminated, truncated) pair folded into one `done`."""
+
+    def __init__(self, name: str) -> None:
+        import gymnax
+
+        self.env, self.params = gymnax.make(name)
+
+    def reset(self, key: jax.Array, params: Any = None) -> Any:
+        return self.env.reset(key, self.params)
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array, params: Any = None) -> Any:
+        obs, state, reward, terminated, truncated, info = self.env.step(key, state, action, self.params)
+        return obs, state, reward, jnp.logical_or(terminated, truncated), info
+
+    def observation_space(self, params: Any = None) -> Any:
+        return self.env.observation_space(self.params)
+
+    def action_space(self, params: Any = None) -> Any:
+        return self.env.action_space(self.params)
+
+
+@dataclasses.dataclass
+class Peer:
+    env_steps: int
+    compiled: Any  # the AOT-compiled train(rng) of the peer
+    compile_seconds: float
+
+
+def make_peer(peer_dir: str, config: pa.Config) -> Peer:
+    """PureJaxRL's `ppo_continuous_action.make_train` at the shape of `config` (the peer shape),
+    on gymnax Pendulum-v1 through `GymnaxForPeer`, jitted and compiled ahead of time. Its own
+    defaults elsewhere: observation and reward normalisation on, max_grad_norm 0.5, vf_coef 0.5."""
+    sys.path.insert(0, os.path.abspath(peer_dir))
+    try:
+        import ppo_continuous_action as peer_module
+    except ImportError as exc:
+        raise SystemExit(f"--peer-dir {peer_dir!r}: cannot import PureJaxRL's ppo_continuous_action ({exc}); "
+                         "it needs distrax (pip install distrax)") from exc
+    peer_module.BraxGymnaxWrapper = GymnaxForPeer  # the env is the only change; its code runs as published
+    ppo, rc = config.ppo, config.rollout
+    peer_config = {
+        "LR": ppo.learning_rate, "NUM_ENVS": rc.num_envs, "NUM_STEPS": rc.num_steps,
+        "TOTAL_TIMESTEPS": config.total_env_steps, "UPDATE_EPOCHS": ppo.num_epochs,
+        "NUM_MINIBATCHES": ppo.num_minibatches, "GAMMA": ppo.gamma, "GAE_LAMBDA": ppo.gae_lambda,
+        "CLIP_EPS": ppo.clip_eps, "ENT_COEF": ppo.ent_coef, "VF_COEF": ppo.vf_coef,
+        "MAX_GRAD_NORM": ppo.max_grad_norm, "ACTIVATION": config.network.activation, "ENV_NAME": config.env,
+        "ANNEAL_LR": ppo.anneal_lr, "NORMALIZE_ENV": True, "DEBUG": False,
+    }
+    if config.network.actor_hidden != (256, 256) or config.network.critic_hidden != (256, 256):
+        raise SystemExit("the peer's networks are 256x256: --peer-dir applies to the peer shape only")
+    train = jax.jit(peer_module.make_train(peer_config))
+    t0 = time.perf_counter()
+    compiled = train.lower(jax.random.PRNGKey(config.seed)).compile()
+    num_updates = int(config.total_env_steps) // rc.num_steps // rc.num_envs
+    return Peer(env_steps=num_updates * rc.num_steps * rc.num_envs, compiled=compiled,
+                compile_seconds=time.perf_counter() - t0)
+
+
+def peer_run(peer: Peer, seed: int = 0) -> dict[str, float]:
+    """Env steps/s of one call of the peer's compiled train; its final return as ours is
+    defined: the finished episodes of the last 10% of updates."""
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(peer.compiled(jax.random.PRNGKey(seed)))
+    seconds = time.perf_counter() - t0
+    metric = out["metrics"]
+    returned, returns = metric["returned_episode"], metric["returned_episode_returns"]  # [updates, T, N]
+    late = slice(returned.shape[0] - max(1, returned.shape[0] // 10), None)
+    count = float(returned[late].sum())
+    return {
+        "env_steps_per_s": peer.env_steps / seconds,
+        "run_seconds": seconds,
+        "final_return": float((returns[late] * returned[late]).sum()) / count if count > 0 else float("nan"),
+    }
+
+
+# ----------------------------------------------------------------------------------------
 # (iii) time to the first iteration, cold vs warm cache, fresh processes
 # ----------------------------------------------------------------------------------------
 
@@ -315,16 +403,32 @@ def measure_compile(pairs: int) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------
 
 
-def measure_shape(name: str, config: pa.Config, repeats: int) -> dict[str, Any]:
+def measure_shape(name: str, config: pa.Config, repeats: int, peer_dir: str | None = None) -> dict[str, Any]:
     roofline = make_roofline(config)
+    sides = [("user", lambda: user_run(config)), ("roofline", lambda: roofline_run(roofline))]
+    if peer_dir is not None:
+        peer = make_peer(peer_dir, config)
+        sides.append(("peer", lambda: peer_run(peer, config.seed)))
     samples: dict[str, list[dict[str, float]]] = interleave(
-        repeats,
-        [("user", lambda: user_run(config)), ("roofline", lambda: roofline_run(roofline))],
+        repeats, sides,
         on_sample=lambda side, sample: print(f"({name}) {side}: {sample['env_steps_per_s']:,.0f} env steps/s", flush=True),
     )
     med = {side: statistics.median(s["env_steps_per_s"] for s in runs) for side, runs in samples.items()}
     paired = statistics.median(u["env_steps_per_s"] / r["env_steps_per_s"] for u, r in zip(samples["user"], samples["roofline"]))
+    side_by_side_peer = {}
+    if peer_dir is not None:
+        side_by_side_peer = {"peer": {
+            "peer_env_steps_per_s": med["peer"],
+            "source": f"PureJaxRL ppo_continuous_action from {os.path.abspath(peer_dir)}, side by side in this run",
+            "user": med["user"],
+            "ratio": med["user"] / med["peer"],
+            "paired_ratio": statistics.median(u["env_steps_per_s"] / p["env_steps_per_s"] for u, p in zip(samples["user"], samples["peer"])),
+            "peer_final_return": statistics.median(s["final_return"] for s in samples["peer"]),
+            "peer_compile_seconds": peer.compile_seconds,
+            "side_by_side": True,
+        }}
     return {
+        **side_by_side_peer,
         "config": pa.config_to_dict(config),
         "env_steps": config.num_iterations * config.batch_size,
         "samples": samples,
@@ -381,7 +485,16 @@ def report(results: dict) -> str:
             + "; this process has the persistent cache on, so these may be warm)"
         )
     peer = results.get("peer")
-    if peer:
+    if peer and peer.get("side_by_side"):
+        lines += [
+            "",
+            "(iv) the public peer SIDE BY SIDE at the peer shape (interleaved with (i) and (ii) in this run):",
+            f"  peer: {fmt_rate(peer['peer_env_steps_per_s'])} env steps/s ({peer['source']}; compile {peer['peer_compile_seconds']:.1f}s, "
+            f"final return {peer['peer_final_return']:.1f})",
+            f"  (i) user: {fmt_rate(peer['user'])} -> user / peer = {peer['ratio']:.3f}x (paired {peer['paired_ratio']:.3f}x)   "
+            f"goal >= {PEER_GOAL}x: {verdict(peer['ratio'], PEER_GOAL)}",
+        ]
+    elif peer:
         lines += [
             "",
             "CROSS-SESSION comparison (not side by side, different sessions and machine load):",
@@ -427,9 +540,12 @@ def main(args: Args) -> dict:
         "shapes": {},
     }
     for name in dict.fromkeys(args.shapes):
-        results["shapes"][name] = measure_shape(name, shape_config(name, args), args.repeats)
+        results["shapes"][name] = measure_shape(name, shape_config(name, args), args.repeats,
+                                                args.peer_dir if name == "peer" else None)
         print(f"({name}) user / roofline = {results['shapes'][name]['ratio']:.3f}x", flush=True)
-    if "peer" in results["shapes"]:
+    if "peer" in results["shapes"] and args.peer_dir is not None:
+        results["peer"] = results["shapes"]["peer"].pop("peer")
+    elif "peer" in results["shapes"]:
         user = results["shapes"]["peer"]["user"]
         results["peer"] = {
             "peer_env_steps_per_s": args.peer_env_steps_per_s,
