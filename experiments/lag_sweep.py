@@ -2,6 +2,7 @@
 
     python experiments/lag_sweep.py                       # Pendulum-v1, 5 seeds, 300k steps, K up to 32
     python experiments/lag_sweep.py --num-seeds 3 --lags 0 4 16 --variants clip0.2 decoupled
+    python experiments/lag_sweep.py --env brax/inverted_pendulum --total-env-steps 200000 --threshold 900
 
 Simulated mode with a fixed lag K in {0, 1, 2, 4, 8, 16, 32}, crossed with six variants:
   clip0.2         PPO, clip_eps 0.2 (the default)
@@ -179,7 +180,8 @@ def main(args: Args) -> pd.DataFrame:
         raise SystemExit(f"--variants {unknown} unknown: choose from {list(VARIANTS)}")
     out = args.out or os.path.join(HERE, "results", "lag_sweep", args.env)
     os.makedirs(out, exist_ok=True)
-    base = pa.Config(env=args.env, mode="simulated", seed=args.seed, total_env_steps=args.total_env_steps)
+    # the env's preset (README "Per-env presets") under the sweep's own fields; none for Pendulum-v1
+    base = pa.config_for_env(args.env, {"mode": "simulated", "seed": args.seed, "total_env_steps": args.total_env_steps})
     frames, tables = [], []
     for name in args.variants:
         grid = {"lag.K": list(args.lags), **{k: [v] for k, v in VARIANTS[name].items()}}

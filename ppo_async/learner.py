@@ -55,6 +55,10 @@ class Hyperparams(NamedTuple):
     decoupled: chex.Array  # 1.0: decoupled objective (clip to pi_prox), 0.0: PPO (clip to mu)
     is_clip: chex.Array  # truncation of pi_prox / mu (inf = off)
     prox_ewma: chex.Array  # EWMA decay of the proximal params (used when LearnerContext.use_prox_ewma)
+    # The SGD shape, read only when LearnerContext.sgd_slots is set (a sweep group whose configs
+    # differ in it); otherwise the static LearnerContext.num_epochs / num_minibatches rule.
+    num_epochs: chex.Array
+    num_minibatches: chex.Array
 
 
 # The one list of traced hyperparameters: each `Hyperparams` field and the config field it
@@ -86,13 +90,22 @@ _AS_NUMBER = {"decoupled": lambda objective: float(objective == "decoupled")}
 STATIC_WHEN_SET = ("ppo.value_clip_eps", "ppo.prox_ewma")
 
 
+# The SGD shape as traced numbers: `Hyperparams` fields a program reads only when it was built
+# with `LearnerContext.sgd_slots` (`sweep` does so for a group whose configs differ in them, e.g.
+# `tune`'s step 4); every other program takes them from the static context, and they stay in
+# the compile key (`without_traced_fields` keeps them).
+SGD_SHAPE_FIELDS: dict[str, str] = {"num_epochs": "ppo.num_epochs", "num_minibatches": "ppo.num_minibatches"}
+
+
 def hyperparams_from_config(config: Config) -> Hyperparams:
-    """The traced hyperparameters of a config (`TRACED_CONFIG_FIELDS`), float32 scalars."""
+    """The traced hyperparameters of a config (`TRACED_CONFIG_FIELDS`, `SGD_SHAPE_FIELDS`), float32 scalars."""
     values = {}
     for name, path in TRACED_CONFIG_FIELDS.items():
         value = get_path(config, path)
         value = _NONE_AS[name] if value is None else _AS_NUMBER.get(name, float)(value)
         values[name] = jnp.asarray(value, jnp.float32)
+    for name, path in SGD_SHAPE_FIELDS.items():
+        values[name] = jnp.asarray(float(get_path(config, path)), jnp.float32)
     return Hyperparams(**values)
 
 
@@ -107,6 +120,27 @@ def without_traced_fields(data: dict[str, Any]) -> dict[str, Any]:
             if path in STATIC_WHEN_SET:
                 data[section][f"{name}_is_set"] = value is not None
     return data
+
+
+class SgdSlots(NamedTuple):
+    """Static bounds of an SGD shape traced in `Hyperparams` (`num_epochs`, `num_minibatches`):
+    the update scans `max_epochs x max_minibatches` step slots of `batch / min_minibatches`
+    samples each and skips (`lax.cond`) the slots past the traced shape; a minibatch smaller
+    than its slot is padded with weight-0 samples. Built by `sgd_slots_of` for a sweep group."""
+
+    max_epochs: int
+    min_minibatches: int
+    max_minibatches: int
+
+
+def sgd_slots_of(configs: Sequence[Config]) -> SgdSlots | None:
+    """The slots that hold every config's SGD shape, or None when they all share one (the
+    static update, bit for bit today's)."""
+    shapes = {(c.ppo.num_epochs, c.ppo.num_minibatches) for c in configs}
+    if len(shapes) <= 1:
+        return None
+    epochs, minibatches = zip(*shapes)
+    return SgdSlots(max(epochs), min(minibatches), max(minibatches))
 
 
 @dataclass(frozen=True)
@@ -126,6 +160,7 @@ class LearnerContext:
     lag_buckets: int = 1  # lags 0..lag_buckets-1 get their own KL / clip-fraction bucket; the last also holds larger lags
     axis_name: str | None = None  # data-parallel axis (pmap / shard_map) or None
     use_prox_ewma: bool = False  # the train state carries EWMA proximal params (ppo.prox_ewma set)
+    sgd_slots: SgdSlots | None = None  # the SGD shape is traced in Hyperparams within these bounds
 
     def optimizer(self) -> optax.GradientTransformationExtraArgs:
         """The optimiser: see `make_optimizer`."""
@@ -133,9 +168,11 @@ class LearnerContext:
 
 
 def make_learner_context(
-    config: Config, network: ActorCritic, lag_buckets: int = 1, axis_name: str | None = None
+    config: Config, network: ActorCritic, lag_buckets: int = 1, axis_name: str | None = None,
+    sgd_slots: SgdSlots | None = None,
 ) -> LearnerContext:
-    """The static learner context of a config."""
+    """The static learner context of a config (with `sgd_slots`, of every config whose SGD
+    shape fits them: `sgd_slots_of`)."""
     ppo = config.ppo
     return LearnerContext(
         network=network,
@@ -151,6 +188,7 @@ def make_learner_context(
         lag_buckets=lag_buckets,
         axis_name=axis_name,
         use_prox_ewma=ppo.prox_ewma is not None,
+        sgd_slots=sgd_slots,
     )
 
 
@@ -459,6 +497,77 @@ def sgd_step(
     return (params, opt_state, prox_params), metrics
 
 
+def static_epochs(
+    ctx: LearnerContext, hparams: Hyperparams, value_flag: chex.Array, carry: tuple[Any, Any, Any], batch: Batch,
+    key: chex.PRNGKey,
+) -> tuple[tuple[Any, Any, Any], dict[str, chex.Array], tuple[chex.Array, ...], None, int]:
+    """`ctx.num_epochs` passes over `batch` `[B]`, each a fresh permutation cut into
+    `ctx.num_minibatches` minibatches, one `sgd_step` each.
+
+    Returns the carry, the steps' outputs `[E, M, ...]`, each step's minibatch
+    (behaviour log-probs, weights, lags; `[E, M, B / M]`), None (every step ran) and E * M.
+    """
+    batch_size = batch.advantage.shape[0]
+    chex.assert_is_divisible(batch_size, ctx.num_minibatches)
+
+    def epoch(carry, epoch_key):
+        perm = jax.random.permutation(epoch_key, batch_size)
+        shuffled = jax.tree.map(
+            lambda x: x[perm].reshape((ctx.num_minibatches, -1) + x.shape[1:]), batch
+        )
+        carry, out = jax.lax.scan(lambda c, mb: sgd_step(ctx, hparams, value_flag, c, mb), carry, shuffled)
+        return carry, (out, (shuffled.behavior_log_prob, shuffled.weight, shuffled.lag))
+
+    carry, (per_step, minibatches) = jax.lax.scan(epoch, carry, jax.random.split(key, ctx.num_epochs))
+    return carry, per_step, minibatches, None, ctx.num_epochs * ctx.num_minibatches
+
+
+def slotted_epochs(
+    ctx: LearnerContext, hparams: Hyperparams, value_flag: chex.Array, carry: tuple[Any, Any, Any], batch: Batch,
+    key: chex.PRNGKey,
+) -> tuple[tuple[Any, Any, Any], dict[str, chex.Array], tuple[chex.Array, ...], chex.Array, chex.Array]:
+    """`static_epochs` with the SGD shape traced: `hparams.num_epochs` (E) passes of
+    `hparams.num_minibatches` (M) steps, inside the static `ctx.sgd_slots`.
+
+    Epoch e uses permutation e of the same keys as `static_epochs` (`split(key, E_max)[e]`
+    equals `split(key, E)[e]`), and step j takes the samples `perm[j * B/M : (j + 1) * B/M]`
+    into a slot of `B / min_minibatches`, the rest of the slot weight 0: every loss and
+    diagnostic is a mean weighted by `Batch.weight`, so a padded slot computes the minibatch's
+    values. Slots past (E, M) are skipped by `lax.cond` (params, Adam state and EWMA untouched).
+
+    Returns as `static_epochs`, with `[E_max, M_max, ...]` outputs, the `[E_max, M_max]` mask of
+    the steps that ran (their minibatch weights are zero elsewhere) and E * M (traced).
+    """
+    slots = ctx.sgd_slots
+    batch_size = batch.advantage.shape[0]
+    chex.assert_is_divisible(batch_size, slots.min_minibatches)
+    slot = batch_size // slots.min_minibatches
+    num_epochs = hparams.num_epochs.astype(jnp.int32)
+    num_minibatches = hparams.num_minibatches.astype(jnp.int32)
+    minibatch_size = batch_size // num_minibatches
+    offsets = jnp.arange(slot)
+
+    def epoch(carry, epoch_input):
+        e, epoch_key = epoch_input
+        perm = jax.random.permutation(epoch_key, batch_size)
+
+        def step(carry, j):
+            minibatch = jax.tree.map(lambda x: x[perm[jnp.minimum(j * minibatch_size + offsets, batch_size - 1)]], batch)
+            ran = jnp.logical_and(e < num_epochs, j < num_minibatches)
+            weight = minibatch.weight * jnp.logical_and(offsets < minibatch_size, ran).astype(minibatch.weight.dtype)
+            minibatch = minibatch._replace(weight=weight)
+            run = lambda c: sgd_step(ctx, hparams, value_flag, c, minibatch)  # noqa: E731
+            skipped = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run, carry)[1])
+            carry, out = jax.lax.cond(ran, run, lambda c: (c, skipped), carry)
+            return carry, (out, (minibatch.behavior_log_prob, weight, minibatch.lag), ran)
+
+        return jax.lax.scan(step, carry, jnp.arange(slots.max_minibatches))
+
+    epochs = (jnp.arange(slots.max_epochs), jax.random.split(key, slots.max_epochs))
+    carry, (per_step, minibatches, ran) = jax.lax.scan(epoch, carry, epochs)
+    return carry, per_step, minibatches, ran, num_epochs * num_minibatches
+
+
 def ppo_update(
     ctx: LearnerContext,
     state: TrainState,
@@ -486,27 +595,18 @@ def ppo_update(
     """
     lag = sample_lag(trajectory, state.version)
     batch = compute_targets(ctx, state.params, trajectory, hparams, lag)
-    batch_size = batch.advantage.shape[0]
-    chex.assert_is_divisible(batch_size, ctx.num_minibatches)
     learning_rate = learning_rate_at(ctx, hparams, state.version)
     every = jnp.maximum(hparams.value_update_every.astype(jnp.int32), 1)
     value_flag = (state.version % every == 0).astype(jnp.float32)
 
-    def epoch(carry, epoch_key):
-        perm = jax.random.permutation(epoch_key, batch_size)
-        shuffled = jax.tree.map(
-            lambda x: x[perm].reshape((ctx.num_minibatches, -1) + x.shape[1:]), batch
-        )
-        carry, out = jax.lax.scan(lambda c, mb: sgd_step(ctx, hparams, value_flag, c, mb), carry, shuffled)
-        return carry, (out, (shuffled.behavior_log_prob, shuffled.weight, shuffled.lag))
-
     opt_state = with_step_hyperparams(state.opt_state, learning_rate, hparams.max_grad_norm, value_flag)
-    (params, opt_state, prox_params), (per_step, (behavior_log_prob, weight, step_lag)) = jax.lax.scan(
-        epoch, (state.params, opt_state, state.prox_params), jax.random.split(key, ctx.num_epochs)
+    run_epochs = static_epochs if ctx.sgd_slots is None else slotted_epochs
+    (params, opt_state, prox_params), per_step, (behavior_log_prob, weight, step_lag), step_valid, sgd_steps = run_epochs(
+        ctx, hparams, value_flag, (state.params, opt_state, state.prox_params), batch, key
     )
     log_prob, anchor, advantage = (per_step.pop(k) for k in ("log_prob", "anchor_log_prob", "advantage"))
     per_step.update(minibatch_diagnostics(ctx, hparams, log_prob, anchor, behavior_log_prob, advantage, weight, step_lag))
-    metrics = iteration_metrics(ctx, per_step, batch, lag)
+    metrics = iteration_metrics(ctx, per_step, batch, lag, step_valid)
     metrics.update(ess_metrics(ctx, batch))
     metrics["learning_rate"] = learning_rate
     metrics["value_updated"] = value_flag
@@ -523,7 +623,7 @@ def ppo_update(
         opt_state=opt_state,
         obs_stats=obs_stats,
         version=state.version + 1,
-        sgd_steps=state.sgd_steps + ctx.num_epochs * ctx.num_minibatches,
+        sgd_steps=state.sgd_steps + sgd_steps,
         env_steps=state.env_steps + consumed,
         prox_params=prox_params,
     )
@@ -548,12 +648,14 @@ def ess_metrics(ctx: LearnerContext, batch: Batch) -> dict[str, chex.Array]:
 
 
 def iteration_metrics(
-    ctx: LearnerContext, per_minibatch: dict[str, chex.Array], batch: Batch, lag: chex.Array
+    ctx: LearnerContext, per_minibatch: dict[str, chex.Array], batch: Batch, lag: chex.Array,
+    step_ran: chex.Array | None = None,
 ) -> dict[str, chex.Array]:
     """One iteration's metrics from the per-minibatch diagnostics `[E, M]`, the per-lag sums
     `[lag_buckets]` (`minibatch_diagnostics`) and the batch.
 
-    Scalars are means over minibatches; `approx_kl_max` / `ratio_max` maxima; per-lag KL and
+    Scalars are means over minibatches (over those with `step_ran` `[E, M]`, when given:
+    `slotted_epochs`); `approx_kl_max` / `ratio_max` maxima; per-lag KL and
     clip fractions are pooled sums over buckets (NaN where no sample had that lag). Under data
     parallelism every shard holds the same number of samples, so means average over devices,
     counts and per-lag sums add up and maxima take the max.
@@ -561,11 +663,16 @@ def iteration_metrics(
     per_minibatch = dict(per_minibatch)
     lag_count, lag_kl_sum, lag_clip_sum = (per_minibatch.pop(k) for k in ("lag_count", "lag_kl_sum", "lag_clip_sum"))
     lag_stats = lag_metrics(lag, batch.weight.reshape(lag.shape), ctx.lag_buckets)
-    metrics = {name: jnp.mean(value) for name, value in per_minibatch.items()}
+    if step_ran is None:
+        mean, largest = jnp.mean, jnp.max
+    else:
+        mean = lambda x: jnp.sum(jnp.where(step_ran, x, 0.0)) / jnp.maximum(jnp.sum(step_ran), 1)  # noqa: E731
+        largest = lambda x: jnp.max(jnp.where(step_ran, x, -jnp.inf))  # noqa: E731
+    metrics = {name: mean(value) for name, value in per_minibatch.items()}
     metrics["explained_variance"] = explained_variance(batch.old_value, batch.target)
     metrics["lag_mean"] = lag_stats.pop("lag_mean")
-    approx_kl_max = jnp.max(per_minibatch["approx_kl"])
-    ratio_max = jnp.max(per_minibatch["ratio_max"])
+    approx_kl_max = largest(per_minibatch["approx_kl"])
+    ratio_max = largest(per_minibatch["ratio_max"])
     if ctx.axis_name is not None:
         metrics = jax.lax.pmean(metrics, ctx.axis_name)
         lag_count, lag_kl_sum, lag_clip_sum, lag_stats = jax.lax.psum(

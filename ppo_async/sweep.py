@@ -13,10 +13,14 @@ array shapes — every `Hyperparams` field (learning rate, gamma, gae_lambda, cl
 dual_clip incl. None, value/entropy coefficients, grad clip, reward scale, V-trace
 truncations, value-update cadence, max_lag, the objective "ppo" / "decoupled", is_clip,
 the prox_ewma decay) and every lag-schedule field but the number of samplers — are traced
-inputs, so **one compile serves all of them**. Other fields (env, network, num_envs,
-num_steps, epochs, minibatches, num_samplers, advantage_estimator, value clipping on/off,
-prox_ewma on/off, total_env_steps, ...) split the grid into groups compiled once each.
-The lag ring of a group is sized for its largest lag.
+inputs, so **one compile serves all of them**. So are the epochs and minibatches
+(`ppo.num_epochs`, `ppo.num_minibatches`): a group whose configs differ in them compiles one
+update that scans the most epochs x minibatches in slots of the largest minibatch and skips
+the steps a config does not take (`learner.slotted_epochs`: the same permutations and the
+same minibatches, padded with weight-0 samples; a group with one SGD shape keeps the plain
+update). Other fields (env, network, num_envs, num_steps, num_samplers,
+advantage_estimator, value clipping on/off, prox_ewma on/off, total_env_steps, ...) split
+the grid into groups compiled once each. The lag ring of a group is sized for its largest lag.
 
 `vmap` runs all configs x seeds of a group as one batched program; `loop` calls one compiled
 (seed-vmapped) program once per config. Returns a tidy DataFrame: one row per
@@ -41,7 +45,7 @@ import numpy as np
 
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
 from ppo_async.lag import make_schedule, num_samplers_of
-from ppo_async.learner import hyperparams_from_config, without_traced_fields
+from ppo_async.learner import SGD_SHAPE_FIELDS, hyperparams_from_config, sgd_slots_of, without_traced_fields
 from ppo_async.modes.common import over_seeds, run_iterations
 from ppo_async.modes.simulated import make_simulated_program, schedule_arrays
 from ppo_async.modes.threaded import lag_buckets_of, program_key, resolve_placement, run_threaded
@@ -110,6 +114,9 @@ def static_key(config: Config) -> str:
     the lag schedule (traced as schedule arrays) but the number of samplers, and the seed.
     """
     data = without_traced_fields(config_to_dict(config))
+    for path in SGD_SHAPE_FIELDS.values():  # traced within a group (`learner.slotted_epochs`)
+        section, _, name = path.partition(".")
+        data[section].pop(name)
     data["lag"] = {"num_samplers": num_samplers_of(config.lag)}
     data.pop("seed", None)
     return json.dumps(data, sort_keys=True, default=str)
@@ -200,7 +207,7 @@ class GroupProgram:
 def _group_program(points: list, members: list[int], num_seeds: int, totals: SweepTotals) -> GroupProgram:
     cfgs = [points[i][1] for i in members]
     schedules = [make_schedule(c.lag, c.num_iterations) for c in cfgs]
-    program = make_simulated_program(cfgs[0], max(s.ring_size for s in schedules))
+    program = make_simulated_program(cfgs[0], max(s.ring_size for s in schedules), sgd_slots=sgd_slots_of(cfgs))
 
     def counted_iteration(state, hparams, sched):
         totals.traces += 1  # runs once per trace, never at execution

@@ -26,9 +26,8 @@ The field's fixed order (README "Tuning"):
      seeds of the last quarter of iterations) among the settings with mean KL under the target,
      checked by a threaded run of it (more epochs or minibatches slow the learner, and a slower
      learner makes larger lags than the replayed ones): the first of the `VERIFY_TRIES` (3)
-     best whose threaded mean KL is under the target; else the starting PPO fields. The clip
-     values share one compile; each (epochs, minibatches) pair is its own (they shape the
-     update's loops).
+     best whose threaded mean KL is under the target; else the starting PPO fields. The whole
+     grid is one compile (`sweep` traces clip, epochs and minibatches).
 
 Steps 1-3 are real threaded runs of `budget_per_run` env steps (default: the config's
 `total_env_steps`, the budget the result is for), measured with

@@ -146,13 +146,29 @@ def test_shape_changing_field_splits_compiles():
     assert k2.lag_mean.tolist() == [0.0, 1.0]
 
 
+def test_epochs_and_minibatches_share_one_compile_and_match_their_own_runs():
+    """A grid over the SGD shape is one compile (`learner.slotted_epochs`: skipped epochs,
+    skipped steps, minibatches padded into larger slots), and each config's rows equal those
+    of its own plain (static-shape) program; lag K = 1 puts stale-free but lagged samples in."""
+    grid = {"ppo.num_epochs": [1, 3], "ppo.num_minibatches": [2, 4], "lag.K": [1]}
+    df = pa.sweep(BASE, grid, seeds=SEEDS, strategy="loop", progress=False)
+    assert df.attrs["compiles"] == 1 and df.attrs["traces"] == 1
+    for epochs, minibatches in ((1, 4), (3, 2)):  # padded slots + a skipped epoch; skipped steps
+        rows = df[(df["ppo.num_epochs"] == epochs) & (df["ppo.num_minibatches"] == minibatches)].reset_index(drop=True)
+        alone = pa.sweep(BASE, {"ppo.num_epochs": [epochs], "ppo.num_minibatches": [minibatches], "lag.K": [1]},
+                         seeds=SEEDS, strategy="loop", progress=False)
+        assert alone.attrs["compiles"] == 1
+        assert rows.sgd_steps.tolist() == alone.sgd_steps.tolist() == [epochs * minibatches * (i + 1) for i in range(ITERATIONS)] * 2
+        np.testing.assert_allclose(rows[FLOAT_METRICS].to_numpy(float), alone[FLOAT_METRICS].to_numpy(float), rtol=1e-5, atol=1e-6)
+
+
 def test_static_key_groups_traced_fields_together():
     points = expand_grid(BASE, {"ppo.clip_eps": [0.2, 0.1], "lag.max_lag": [None, 2], "ppo.value_update_every": [1, 3],
-                                "lag.schedule": ["fixed", "uniform"]})
-    assert len(points) == 16
+                                "lag.schedule": ["fixed", "uniform"], "ppo.num_epochs": [1, 2], "ppo.num_minibatches": [2, 4]})
+    assert len(points) == 64
     assert len({static_key(cfg) for _, cfg in points}) == 1
     assert all(cfg.mode == "simulated" and cfg.num_seeds == 1 and cfg.run_dir is None for _, cfg in points)
-    split = expand_grid(BASE, {"ppo.num_epochs": [1, 2], "ppo.advantage_estimator": ["gae", "vtrace"],
+    split = expand_grid(BASE, {"rollout.num_steps": [16, 32], "ppo.advantage_estimator": ["gae", "vtrace"],
                                "lag.num_samplers": [1, 2]})
     assert len({static_key(cfg) for _, cfg in split}) == 8
 

@@ -46,13 +46,15 @@ def rollout_metrics(stats: RolloutStats) -> dict[str, chex.Array]:
 
 
 def make_contexts(
-    config: Config, lag_buckets: int = 1, axis_name: str | None = None
+    config: Config, lag_buckets: int = 1, axis_name: str | None = None, sgd_slots: learner.SgdSlots | None = None
 ) -> tuple[envs.Env, RolloutContext, LearnerContext]:
-    """Env, rollout context and learner context of a config."""
+    """Env, rollout context and learner context of a config (`sgd_slots`: the SGD shape traced
+    within these bounds, for a sweep group; see `learner.slotted_epochs`)."""
     env = envs.make_env(config.env, config.env_options)
     network = make_actor_critic(env, config.network)
     rollout_ctx = RolloutContext(env=env, network=network, config=config.rollout)
-    learner_ctx = learner.make_learner_context(config, network, lag_buckets=lag_buckets, axis_name=axis_name)
+    learner_ctx = learner.make_learner_context(config, network, lag_buckets=lag_buckets, axis_name=axis_name,
+                                               sgd_slots=sgd_slots)
     return env, rollout_ctx, learner_ctx
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from ppo_async import envs, learner
 from ppo_async.config import Config
 from ppo_async.lag import LagSchedule, make_schedule, num_samplers_of
-from ppo_async.learner import Hyperparams, LearnerContext, hyperparams_from_config
+from ppo_async.learner import Hyperparams, LearnerContext, SgdSlots, hyperparams_from_config
 from ppo_async.modes.common import (
     JittedProgram,
     jitted_checkpoint_like,
@@ -133,13 +133,16 @@ class SimulatedProgram:
     iteration: Callable[[SimState, Hyperparams, ScheduleArrays], tuple[SimState, dict[str, Any]]]
 
 
-def make_simulated_program(config: Config, ring_size: int, lag_buckets: int | None = None) -> SimulatedProgram:
+def make_simulated_program(
+    config: Config, ring_size: int, lag_buckets: int | None = None, sgd_slots: SgdSlots | None = None
+) -> SimulatedProgram:
     """The pure init / iteration functions of a simulated run with a ring of `ring_size` versions.
 
-    `lag_buckets` (default ring_size) is the length of the lag histogram / per-lag breakdown.
+    `lag_buckets` (default ring_size) is the length of the lag histogram / per-lag breakdown;
+    `sgd_slots` traces the SGD shape (a sweep group's configs that differ in it).
     """
     num_samplers = num_samplers_of(config.lag)
-    _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets or ring_size)
+    _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets or ring_size, sgd_slots=sgd_slots)
     return SimulatedProgram(
         rollout_ctx=rollout_ctx,
         learner_ctx=learner_ctx,
