@@ -295,6 +295,7 @@ class Exchange:
                     beats, done, now = self._beats(), self._done(), time.monotonic()
                 except Exception:  # noqa: BLE001 - the service is gone: nothing left to tell
                     return
+                failed = [p for p in self.failures() if p != self.process_id]
                 dead = sorted(p for p in watch.update(beats, now) if p != self.process_id and p not in done)
                 for peer in set(dead) - set(self._dead):  # for `leave_after_failure`: do not wait for it
                     try:
@@ -302,7 +303,7 @@ class Exchange:
                     except Exception:  # noqa: BLE001 - best effort: naming the dead peer below matters more
                         pass
                 self._dead = dead
-                if on_peer_failure is not None and not told and self._dead:
+                if on_peer_failure is not None and not told and (self._dead or failed):
                     told = True
                     on_peer_failure(self.describe_failure(wait_s=0.0) or "")
 

@@ -252,21 +252,40 @@ class RunRecorder:
     def __enter__(self) -> "RunRecorder":
         return self if self._open else self.open()
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.close()
+        except Exception as close_error:
+            if exc is None:
+                raise
+            # the run's own error stays the one raised (a writer that cannot close after it, e.g.
+            # on the same full disk, would hide it); the close failure is noted on it
+            exc.add_note(f"(closing the run's writers failed too: {type(close_error).__name__}: {close_error})")
 
     def close(self) -> None:
-        """Writes the rows of a window cut short (a run stopped early), then closes every writer (idempotent)."""
+        """Writes the rows of a window cut short (a run stopped early), then closes every writer
+        (idempotent). Every writer is closed even when one fails; the first failure is re-raised."""
+        errors: list[Exception] = []
+
+        def attempt(action: Callable[[], Any]) -> None:
+            try:
+                action()
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the other writers are closed
+                errors.append(exc)
+
         if self._window:
-            self._write_rows(self._window)
+            attempt(lambda: self._write_rows(self._window))
         for closeable in (self._bar, self._writer, self._tb, self._checkpointer, self._process_log, *self._schedule_files.values()):
             if closeable is not None:
-                closeable.close()
+                attempt(closeable.close)
         if self._wandb is not None:
-            self._wandb.finish()
+            attempt(self._wandb.finish)
         self._writer = self._tb = self._wandb = self._checkpointer = self._bar = self._process_log = None
         self._schedule_files = {}
+        self._window = []
         self._open = False
+        if errors:
+            raise errors[0]
 
     # ------------------------------------------------------------------ per iteration
 

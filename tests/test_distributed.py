@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -334,29 +335,109 @@ def test_a_multi_process_run_directory_evaluates(two_process_run, cli_main):
     assert out.returncode == 0 and "mean return" in out.stdout and "iteration 12" in out.stdout
 
 
+def _start_processes(args: list[str], port: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-m", "ppo_async", "train", *args, *dist(p, port)], cwd=REPO_ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in range(2)]
+
+
+def _end_processes(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def _wait_for_rows(procs: list[subprocess.Popen], metrics, count: int, timeout: float = 180) -> int:
+    """Waits until metrics.jsonl holds `count` whole rows; fails if a process ended before.
+    Returns the rows written by then."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rows = metrics.read_text().count("\n") if metrics.is_file() else 0
+        if rows >= count:
+            return rows
+        ended = [p for p in procs if p.poll() is not None]
+        assert not ended, ended[0].stderr.read()[-3000:]
+        time.sleep(0.05)
+    raise AssertionError(f"{metrics} did not reach {count} rows in {timeout:.0f}s")
+
+
+FAULT_ARGS = [*TINY, "--total-env-steps", str(128 * 5000), "--quiet", "--distributed.heartbeat-timeout-s", "5"]
+ABORTED = ("Traceback", "Check failure", "Fatal Python error", "Terminating process", "SIGABRT")
+
+
+def _assert_survivor_said_why(proc: subprocess.Popen, err: str, took: float, failed: str) -> None:
+    """The survivor of a failed process: exit status 4 within the heartbeat timeout + 10 s,
+    one line naming the failed process, no traceback and no abort by JAX."""
+    print(f"the survivor exited with status {proc.returncode} {took:.1f}s after the failure")
+    assert proc.returncode == 4 and took < 5 + 10, (proc.returncode, took, err[-3000:])
+    assert f"error: {failed}" in err, err[-3000:]
+    assert not [word for word in ABORTED if word in err], err[-3000:]
+
+
+def _assert_finalised(run_dir, last: int | None = None) -> list[dict]:
+    """config.json and every metrics row whole, in order (up to `last`)."""
+    assert (run_dir / "config.json").is_file()
+    rows = pa.read_jsonl(run_dir / "metrics.jsonl")
+    assert len(rows) >= 3 and [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
+    assert last is None or rows[-1]["iteration"] == last
+    return rows
+
+
 def test_a_killed_process_ends_the_other_with_an_error_naming_it(tmp_path):
-    port = launch.free_port()
     run_dir = tmp_path / "run"
-    args = [*TINY, "--total-env-steps", str(128 * 5000), "--run-dir", str(run_dir), "--quiet",
-            "--distributed.heartbeat-timeout-s", "5"]
-    procs = [subprocess.Popen([sys.executable, "-m", "ppo_async", "train", *args, *dist(p, port)], cwd=REPO_ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in range(2)]
+    procs = _start_processes([*FAULT_ARGS, "--run-dir", str(run_dir)], launch.free_port())
     try:
-        metrics = run_dir / "metrics.jsonl"
-        deadline = time.time() + 180
-        while time.time() < deadline and not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
-            assert all(p.poll() is None for p in procs), procs[0].stderr.read() if procs[0].poll() is not None else ""
-            time.sleep(0.1)
+        _wait_for_rows(procs, run_dir / "metrics.jsonl", 3)
         os.kill(procs[1].pid, signal.SIGKILL)
         killed_at = time.time()
         _, err = procs[0].communicate(timeout=5 + 10 + 5)  # the heartbeat timeout + 10 s (+ margin)
         took = time.time() - killed_at
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert procs[0].returncode == 4 and took < 15, (procs[0].returncode, took)
-    assert "error: process 1 died" in err and "process 0 stopped with it" in err, err[-3000:]
-    rows = pa.read_jsonl(metrics)  # the run directory was finalised: every row whole
-    assert len(rows) >= 3 and [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))
+        _end_processes(procs)
+    _assert_survivor_said_why(procs[0], err, took, "process 1 died")
+    assert "process 0 stopped with it" in err, err[-3000:]
+    _assert_finalised(run_dir)  # the run directory was finalised: every row whole
+
+
+def test_process_0_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_path):
+    """Process 0 alone writes checkpoints: a plain file where its next checkpoint step
+    directory goes makes its save raise (CheckpointError) in the middle of the run. Process 0
+    exits with that error (status 2) once process 1 has ended, and process 1 names it."""
+    run_dir, every = tmp_path / "run", 8
+    metrics = run_dir / "metrics.jsonl"
+    procs = _start_processes([*FAULT_ARGS, "--run-dir", str(run_dir), "--checkpoint-every", str(every)], launch.free_port())
+    try:
+        seen = _wait_for_rows(procs, metrics, 1)
+        step = -(-(seen + 6) // every) * every  # a checkpoint step 6 or more iterations ahead
+        (run_dir / "checkpoints" / str(step)).write_text("not a checkpoint\n")
+        _wait_for_rows(procs[1:], metrics, step)  # process 0 writes the row, then fails to checkpoint it
+        failed_at = time.time()
+        _, err1 = procs[1].communicate(timeout=5 + 10 + 5)
+        took = time.time() - failed_at
+        _, err0 = procs[0].communicate(timeout=30)
+    finally:
+        _end_processes(procs)
+    assert procs[0].returncode == 2 and "is not a complete checkpoint" in err0, err0[-3000:]
+    _assert_survivor_said_why(procs[1], err1, took, "process 0 failed: CheckpointError")
+    _assert_finalised(run_dir, last=step)
+
+
+def test_process_1_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_path):
+    """Process 1 writes one file, its log: with its file-size limit lowered to that log's size
+    (a full disk quota, say), its next log line raises OSError (EFBIG; Python ignores SIGXFSZ)
+    in the middle of the run. Process 0 names it and finalises the run directory."""
+    run_dir = tmp_path / "run"
+    procs = _start_processes([*FAULT_ARGS, "--run-dir", str(run_dir)], launch.free_port())
+    try:
+        _wait_for_rows(procs, run_dir / "metrics.jsonl", 3)
+        size = (run_dir / "logs" / "process_1.log").stat().st_size
+        resource.prlimit(procs[1].pid, resource.RLIMIT_FSIZE, (size, size))
+        failed_at = time.time()
+        _, err0 = procs[0].communicate(timeout=5 + 10 + 5)
+        took = time.time() - failed_at
+        _, err1 = procs[1].communicate(timeout=30)
+    finally:
+        _end_processes(procs)
+    assert procs[1].returncode == 1 and "File too large" in err1, err1[-3000:]
+    _assert_survivor_said_why(procs[0], err0, took, "process 1 failed: OSError: [Errno 27] File too large")
+    _assert_finalised(run_dir)

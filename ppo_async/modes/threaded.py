@@ -918,6 +918,8 @@ def watch(shared: RunShared, learner_thread: threading.Thread, outputs: queue.Qu
                 try:
                     item = outputs.get(timeout=POLL_S)
                 except queue.Empty:
+                    if shared.errors:  # a failed thread or peer process: the learner may be stuck in a
+                        break  # collective with that peer, so do not wait for it to end
                     continue
                 log(item)
                 if shared.errors:
