@@ -12,11 +12,14 @@ so changing lag values never recompiles; only the ring of past params has a stat
 `policy_version` (version of the params that produced the batch), `learner_version`
 (learner version when it was consumed), `lag` (= learner_version - policy_version),
 `produced_time` and `consumed_time` (seconds since the run started; may be null).
-Replay uses `sampler_id` and `lag`.
+Replay uses `sampler_id` and `lag`, one record per learner iteration. A multi-process run's
+records also carry `process_id` (global `sampler_id`s), several per iteration: replay refuses
+such a file and says what to do (`several_chunks_per_iteration`).
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import functools
 import json
@@ -185,6 +188,33 @@ def write_schedule(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]
                 f.write(json.dumps({k: record.get(k) for k in SCHEDULE_COLUMNS}) + "\n")
 
 
+def several_chunks_per_iteration(path: str, rows: list[Mapping[str, Any]], iterations: list[int]) -> str:
+    """Why a schedule with several records per learner iteration cannot be replayed, naming
+    what recorded it (pure); "" when every iteration has one record.
+
+    A multi-process threaded run (records carry `process_id`) consumes at least one chunk per
+    process each iteration; a one-process run does so with `threaded.chunks_per_batch > 1`
+    (or a barrier). Replay emulates one chunk per learner iteration.
+    """
+    per_iteration = max(collections.Counter(iterations).values())
+    if per_iteration == 1:
+        return ""
+    where = f"lag.replay_path = {path!r}: {per_iteration} records share a learner iteration"
+    processes = sorted({int(r["process_id"]) for r in rows if r.get("process_id") not in (None, "")})
+    if len(processes) > 1:
+        return (
+            f"{where}: the schedule was recorded by {len(processes)} processes (process_id {processes}), whose "
+            "one learner consumes a chunk of every process in each iteration; replay needs one chunk per "
+            "learner iteration. Replay a one-process threaded run's schedule (threaded.chunks_per_batch = 1), or "
+            "keep the records of one process_id (one per iteration when each process gave one chunk) to replay "
+            "the lags that process's samplers saw"
+        )
+    return (
+        f"{where} (recorded with threaded.chunks_per_batch > 1 or threaded.barrier); replay needs one chunk per "
+        "learner iteration: record the schedule with threaded.chunks_per_batch = 1"
+    )
+
+
 def read_schedule(path: str | os.PathLike | None) -> LagSchedule:
     """Reads a version-schedule file (JSONL or CSV) into a `LagSchedule`, in consumption order.
 
@@ -211,11 +241,9 @@ def read_schedule(path: str | os.PathLike | None) -> LagSchedule:
         if missing:
             raise ConfigError(f"lag.replay_path = {path!r}: record {i + 1} lacks {missing}")
     iterations = [int(r.get("iteration") or i + 1) for i, r in enumerate(rows)]
-    if len(set(iterations)) != len(iterations):
-        raise ConfigError(
-            f"lag.replay_path = {path!r}: several records share an iteration (recorded with "
-            "threaded.chunks_per_batch > 1); replay needs one chunk per learner iteration"
-        )
+    shared = several_chunks_per_iteration(path, rows, iterations)
+    if shared:
+        raise ConfigError(shared)
     order = np.argsort(iterations, kind="stable")
     rows = [rows[i] for i in order]
     sampler_id = np.asarray([int(r["sampler_id"]) for r in rows], np.int32)

@@ -255,6 +255,41 @@ def test_make_schedule_replay_errors(tmp_path):
         pa.LagConfig(schedule="replay")
 
 
+def multi_process_records() -> list[dict]:
+    """What a 2-process asynchronous threaded run (2 samplers each, one chunk per process and
+    iteration) writes: per iteration one record from each process, with global sampler ids
+    `process_id * 2 + s` (`distributed.global_row`)."""
+    records = []
+    for iteration, (lag0, lag1) in enumerate([(0, 1), (1, 0), (0, 2), (2, 1)], start=1):
+        version = iteration - 1  # learner version before the update that consumed them
+        for process_id, lag in ((0, lag0), (1, lag1)):
+            record = schedule_record(iteration, process_id * 2 + iteration % 2, version - lag, version, 0.1, 0.2)
+            records.append(dict(record, process_id=process_id))
+    return records
+
+
+def test_replay_of_a_multi_process_schedule_names_the_processes_and_what_to_do(tmp_path):
+    path = tmp_path / "version_schedule.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in multi_process_records()))  # as the recorder writes it
+    for read in (lambda: read_schedule(path), lambda: make_schedule(pa.LagConfig(schedule="replay", replay_path=str(path)), 4)):
+        with pytest.raises(pa.ConfigError) as info:
+            read()
+        message = str(info.value)
+        assert "2 records share a learner iteration" in message and "recorded by 2 processes (process_id [0, 1])" in message
+        assert "chunks_per_batch > 1" not in message  # not the cause here
+        assert "keep the records of one process_id" in message and "one-process threaded run" in message
+    # what the message says works: one process's records are one per iteration
+    one = tmp_path / "process_1.jsonl"
+    one.write_text("".join(json.dumps(r) + "\n" for r in multi_process_records() if r["process_id"] == 1))
+    sched = read_schedule(one)
+    assert sched.sampler_id.tolist() == [3, 2, 3, 2] and sched.lag.tolist() == [1, 0, 2, 1]
+    # one process with several chunks per iteration: the chunks are the cause
+    chunks = tmp_path / "chunks.jsonl"
+    write_schedule(chunks, [schedule_record(1, 0, 0, 0), schedule_record(1, 1, 0, 0), schedule_record(2, 0, 1, 1)])
+    with pytest.raises(pa.ConfigError, match=r"2 records share a learner iteration \(recorded with threaded.chunks_per_batch > 1"):
+        read_schedule(chunks)
+
+
 TINY = dict(
     env="Pendulum-v1",
     total_env_steps=64 * 8,  # 8 learner iterations
