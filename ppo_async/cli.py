@@ -206,17 +206,21 @@ def _pop_option(args: list[str], name: str) -> str | None:
     return None
 
 
-def _join_processes(args: Sequence[str]) -> None:
+def _join_processes(args: Sequence[str]) -> list[str]:
     """Several processes (`--distributed.*`, here or in `--config`): joins them before the
-    options are parsed, since checking a gymnax env name imports gymnax, which runs JAX."""
+    options are parsed, since checking a gymnax env name imports gymnax, which runs JAX.
+    Returns the options the full parse needs on top of `args`: with `distributed.cluster`,
+    the layout the cluster gave (else none)."""
     from ppo_async import distributed
 
     if not any(a.startswith("--distributed.") for a in args) and "--config" not in " ".join(args):
-        return
+        return []
     config_path = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None)
     config_path = config_path or next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)
     section = _load_config_file(config_path).get("distributed", {}) if config_path else {}
-    distributed.initialize(distributed.distributed_from_args(args, section if isinstance(section, dict) else {}))
+    asked = distributed.distributed_from_args(args, section if isinstance(section, dict) else {})
+    joined = distributed.initialize(asked)
+    return distributed.cluster_flags(joined) if asked.cluster != "none" and asked.process_id is None else []
 
 
 def default_run_dir(env: str, mode: str) -> str:
@@ -335,7 +339,7 @@ def run_train(argv: Sequence[str]) -> int:
         _pop_option(args, "--resume")
         parse_train_args(args)  # prints the help (with --config FILE's values) and raises SystemExit(0)
     resume_dir = _pop_option(args, "--resume")
-    _join_processes(args)
+    args += _join_processes(args)
     preset: dict = {}
     if resume_dir is not None:
         config, quiet = _resume_config(args, resume_dir)

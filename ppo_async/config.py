@@ -527,13 +527,16 @@ class EnvOptions:
             _check_int("env_options.episode_length", self.episode_length, 1)
 
 
+DISTRIBUTED_CLUSTERS = ("none", "slurm")  # distributed.cluster: names of JAX's cluster detection (jax._src.clusters)
+
+
 @dataclass(frozen=True)
 class DistributedConfig:
     """Several processes (jax.distributed, threaded mode): every process runs the same command with
     its own process_id; each has its own samplers, ring buffer and learner shard, and the learners
     of all processes form one data-parallel update (rollout and threaded sizes are per process:
     the learner batch is num_processes times one process's). `python -m ppo_async launch` fills
-    these in for local processes."""
+    these in for local processes; `cluster` takes them from a cluster's environment."""
 
     num_processes: int = 1
     """Processes in the run (1 = this process alone; > 1 needs mode='threaded')."""
@@ -545,12 +548,22 @@ class DistributedConfig:
     """Seconds without a heartbeat after which JAX's coordination service declares a process dead."""
     initialization_timeout_s: int = 120
     """Seconds every process waits for all the others to join (and process 0's run directory)."""
+    cluster: Literal["none", "slurm"] = "none"
+    """Where num_processes, process_id and coordinator_address come from: none (those fields) or slurm (the SLURM task's environment, read by JAX's own cluster detection: SLURM_NTASKS, SLURM_PROCID, the first node of SLURM_STEP_NODELIST, a port from SLURM_JOB_ID or $JAX_COORDINATOR_PORT); leave the three unset, `ppo_async.distributed.initialize` fills them in."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "distributed.")
         _check_int("distributed.num_processes", self.num_processes, 1)
         _check_int("distributed.heartbeat_timeout_s", self.heartbeat_timeout_s, 1)
         _check_int("distributed.initialization_timeout_s", self.initialization_timeout_s, 1)
+        if self.cluster not in DISTRIBUTED_CLUSTERS:
+            _fail("distributed.cluster", self.cluster, f"must be one of {DISTRIBUTED_CLUSTERS}")
+        if self.cluster != "none" and self.process_id is None:  # not joined yet: the cluster gives the layout
+            given = [n for n in ("num_processes", "coordinator_address") if getattr(self, n) != getattr(DistributedConfig, n)]
+            if given:
+                _fail(f"distributed.{given[0]}", getattr(self, given[0]), f"must be left unset with distributed.cluster = "
+                      f"{self.cluster!r} (the cluster gives num_processes, process_id and coordinator_address)")
+            return
         if self.num_processes == 1:
             for name in ("process_id", "coordinator_address"):
                 if getattr(self, name) is not None:
@@ -661,6 +674,11 @@ class Config:
                 self.ppo.num_minibatches,
                 f"must divide the learner batch ({self._batch_formula()} = {self.batch_size})",
             )
+        if self.distributed.cluster != "none" and self.distributed.process_id is None:
+            _fail("distributed.cluster", self.distributed.cluster, "the layout it gives is not filled in yet: join first with "
+                  "ppo_async.distributed.initialize(DistributedConfig(cluster=...)), which returns the section with "
+                  "num_processes, process_id and coordinator_address, and build the Config with that "
+                  "(`python -m ppo_async train` does this)")
         if self.distributed.num_processes > 1 and self.mode != "threaded":
             _fail("mode", self.mode, f"must be 'threaded' with distributed.num_processes = {self.distributed.num_processes} "
                   "(several processes run threaded samplers and one data-parallel learner)")

@@ -9,7 +9,8 @@ process 0 writes (every process's counters, sampler columns and version records)
 through the coordination service's key-value store, which `jax.distributed` already runs.
 
 Pieces (pure where they can be):
-- `initialize(config.distributed)`: joins the processes (once, before any JAX computation).
+- `initialize(config.distributed)`: joins the processes (once, before any JAX computation);
+  with `distributed.cluster` the layout comes from the cluster (`resolve_cluster`).
 - `global_learner_devices`: the learner mesh, the same local positions on every process.
 - `replicate` / `global_trajectory`: host values and local trajectories as global arrays.
 - `Exchange`: per-iteration summaries to process 0, the run-directory handshake, failures.
@@ -45,24 +46,65 @@ def is_multi_process(config: Config) -> bool:
     return config.distributed.num_processes > 1
 
 
-def initialize(d: DistributedConfig) -> None:
+def resolve_cluster(d: DistributedConfig) -> DistributedConfig:
+    """`d` with num_processes, process_id and coordinator_address from the cluster `d.cluster`
+    names (side effect: reads the environment), as `jax.distributed.initialize()` without
+    arguments detects them (`jax._src.clusters`); `d` itself with cluster 'none'.
+
+    The process's local devices stay all of this host's (one process per host), not JAX's own
+    SLURM default of one device per task. A section already resolved (the three set, e.g. the
+    CLI's full parse) must agree with the cluster. ConfigError naming `distributed.cluster` when
+    its environment is missing, gives one process, or disagrees.
+    """
+    if d.cluster == "none":
+        return d
+    from jax._src import clusters  # JAX's cluster detection (what initialize() without arguments uses)
+
+    env = next((c for c in clusters.ClusterEnv._cluster_types if c.name == d.cluster), None)
+    if env is None or not env.is_env_present():
+        raise ConfigError(f"distributed.cluster = {d.cluster!r} is invalid here: JAX's {d.cluster} detection finds no "
+                          f"{d.cluster} task environment (for slurm: SLURM_JOB_ID, SLURM_STEP_NODELIST, SLURM_NTASKS, "
+                          "SLURM_PROCID, SLURM_LOCALID; run inside srun)")
+    port = os.environ.get("JAX_COORDINATOR_PORT")
+    layout = (env.get_process_count(), env.get_process_id(),
+              env.get_coordinator_address(timeout_secs=d.initialization_timeout_s, override_coordinator_port=port))
+    if layout[0] < 2:
+        raise ConfigError(f"distributed.cluster = {d.cluster!r} is invalid: the {d.cluster} job has {layout[0]} task; "
+                          "leave distributed.cluster unset for one process")
+    given = (d.num_processes, d.process_id, d.coordinator_address)
+    if d.process_id is not None and given != layout:
+        raise ConfigError(f"distributed.cluster = {d.cluster!r} gives (num_processes, process_id, coordinator_address) "
+                          f"= {layout} but the section sets {given}; leave those three unset")
+    return dataclasses.replace(d, num_processes=layout[0], process_id=layout[1], coordinator_address=layout[2])
+
+
+def cluster_flags(d: DistributedConfig) -> list[str]:
+    """The `train` options of a resolved section's layout (pure): what the CLI's full parse
+    adds after joining with `distributed.cluster`."""
+    return ["--distributed.num-processes", str(d.num_processes), "--distributed.process-id", str(d.process_id),
+            "--distributed.coordinator-address", str(d.coordinator_address)]
+
+
+def initialize(d: DistributedConfig) -> DistributedConfig:
     """Joins this process to the run's processes (`jax.distributed.initialize`; loopback or the
-    given coordinator) unless already joined; nothing for one process.
+    given coordinator) unless already joined; nothing for one process. Returns the section as
+    joined: with `distributed.cluster`, the layout the cluster gave (`resolve_cluster`).
 
     Must run before JAX computes anything in the process - gymnax's import already does
     (`python -m ppo_async train` joins before parsing the env name). Raises ConfigError when
     JAX already runs here with another process layout, or when joining fails.
     """
     global _JOINED
+    d = resolve_cluster(d)
     if d.num_processes == 1:
-        return
+        return d
     if jax.distributed.is_initialized():
         if (jax.process_count(), jax.process_index()) != (d.num_processes, d.process_id):
             raise ConfigError(
                 f"distributed.num_processes = {d.num_processes}, process_id = {d.process_id} do not match this "
                 f"process's jax.distributed ({jax.process_count()} processes, this one {jax.process_index()})"
             )
-        return
+        return d
     try:
         jax.distributed.initialize(
             coordinator_address=d.coordinator_address, num_processes=d.num_processes, process_id=d.process_id,
@@ -77,6 +119,7 @@ def initialize(d: DistributedConfig) -> None:
     if jax.process_count() != d.num_processes:
         raise ConfigError(f"distributed.num_processes = {d.num_processes} but JAX sees {jax.process_count()} processes")
     _JOINED = d
+    return d
 
 
 class SilenceWatch:

@@ -143,7 +143,7 @@ def split_launch_args(argv: Sequence[str]) -> tuple[list[str], list[str]] | None
     if not rest or rest[0] != "train":
         raise ConfigError(f"launch runs `train`: expected `-- train ...`, got {' '.join(rest) or 'nothing'} after --")
     own_flags = [f"--distributed.{name}" for name in ("num-processes", "process-id", "coordinator-address")]
-    taken = [a for a in rest[1:] if a.split("=")[0] in own_flags]
+    taken = [a for a in rest[1:] if a.split("=")[0] in own_flags + ["--distributed.cluster"]]
     if taken:
         raise ConfigError(f"launch sets {', '.join(own_flags)} of each process itself; leave out {taken[0]}")
     return own, rest[1:]

@@ -6,6 +6,7 @@ statuses and the pure pieces (device order, stats merge, the global row, option 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -69,6 +70,57 @@ def test_distributed_section_is_read_from_the_command_line_before_parsing():
     assert distributed.distributed_from_args(["--env", "CartPole-v1"]) == DistributedConfig()
     with pytest.raises(ConfigError, match="distributed.process_id"):
         distributed.distributed_from_args(["--distributed.num-processes", "2", "--distributed.coordinator-address", "a:1"])
+
+
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "node[003-004],login1", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+         "SLURM_LOCALID": "0"}
+
+
+def test_distributed_cluster_is_checked_and_gives_the_layout_of_the_slurm_task(monkeypatch):
+    with pytest.raises(ConfigError, match=r"distributed.cluster = 'pbs' is invalid: must be one of \('none', 'slurm'\)"):
+        DistributedConfig(cluster="pbs")
+    with pytest.raises(ConfigError, match=r"distributed.num_processes = 2 .*must be left unset with distributed.cluster = 'slurm'"):
+        DistributedConfig(cluster="slurm", num_processes=2)
+    with pytest.raises(ConfigError, match=r"distributed.cluster = 'slurm' is invalid: the layout it gives is not filled in"):
+        pa.Config(mode="threaded", distributed=DistributedConfig(cluster="slurm"))
+    for name in [*SLURM, "JAX_COORDINATOR_PORT"]:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match=r"distributed.cluster = 'slurm' is invalid here: .*finds no slurm task environment"):
+        distributed.resolve_cluster(DistributedConfig(cluster="slurm"))
+    for name, value in SLURM.items():
+        monkeypatch.setenv(name, value)
+    asked = distributed.distributed_from_args(["--distributed.cluster", "slurm", "--distributed.heartbeat-timeout-s", "5"])
+    d = distributed.resolve_cluster(asked)  # JAX's port for the job: 4242 mod 4096 + 61440
+    assert (d.num_processes, d.process_id, d.coordinator_address, d.heartbeat_timeout_s) == (2, 1, f"node003:{4242 % 4096 + 61440}", 5)
+    assert distributed.resolve_cluster(d) == d and distributed.cluster_flags(d) == [
+        "--distributed.num-processes", "2", "--distributed.process-id", "1", "--distributed.coordinator-address", d.coordinator_address]
+    with pytest.raises(ConfigError, match=r"gives .*\(2, 1, 'node003:.*but the section sets \(2, 0, "):
+        distributed.resolve_cluster(dataclasses.replace(d, process_id=0))
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    with pytest.raises(ConfigError, match="the slurm job has 1 task"):
+        distributed.resolve_cluster(asked)
+    with pytest.raises(ConfigError, match="leave out --distributed.cluster"):
+        launch.split_launch_args(["--num-processes", "2", "--", "train", "--distributed.cluster", "slurm"])
+
+
+def test_two_processes_join_with_their_layout_from_a_slurm_environment():
+    """`train --distributed.cluster slurm` in 2 local processes with faked SLURM variables:
+    each reads its layout through JAX's detection, both join over 127.0.0.1, and the full
+    parse sees 2 processes (it then refuses mode sync for them: status 2 in both, after joining;
+    a process that could not join would wait for the other until the test's timeout)."""
+    port = str(launch.free_port())
+    env = [{**os.environ, **SLURM, "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_PROCID": str(p), "SLURM_LOCALID": str(p),
+            "JAX_COORDINATOR_PORT": port} for p in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "ppo_async", "train", "--mode", "sync", "--distributed.cluster", "slurm"],
+                              cwd=REPO_ROOT, env=env[p], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for p in range(2)]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        _end_processes(procs)
+    for proc, err in zip(procs, errs):
+        assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
+        assert "error: mode = 'sync' is invalid: must be 'threaded' with distributed.num_processes = 2" in err, err[-3000:]
 
 
 class FakeDevice:
