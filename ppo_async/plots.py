@@ -116,6 +116,12 @@ def _legend_outside(fig: Any, *axes: Any) -> Any:
     return fig.legend(handles, labels, loc="outside right upper", fontsize="small")
 
 
+def _points_note(df: pd.DataFrame) -> str:
+    """", N rows per point" for curves binned by `run_frames` (`attrs["rows_per_point"]` > 1), else ""."""
+    per = int(df.attrs.get("rows_per_point", 1) or 1)
+    return f", {per} rows per point" if per > 1 else ""
+
+
 def _kl_guides(ax: Any) -> None:
     """Guide lines at 0.01 ("watch") and 0.03 ("lag hurting"), both kept inside the y range."""
     ax.axhline(KL_WATCH, color="tab:orange", linestyle=":", linewidth=1.2, label=f"{KL_WATCH:g}: watch")
@@ -236,7 +242,8 @@ def kl_over_time(df: pd.DataFrame, path: str | os.PathLike | None = None, x: str
     _kl_guides(ax)
     ax.set_xlabel(_X_LABELS.get(x, x))
     ax.set_ylabel("KL to behaviour policy")
-    ax.set_title("KL to the behaviour policy" + (" (mean over seeds)" if df.get("seed") is not None and df["seed"].nunique() > 1 else ""))
+    notes = ("mean over seeds" if df.get("seed") is not None and df["seed"].nunique() > 1 else "") + _points_note(df)
+    ax.set_title("KL to the behaviour policy" + (f" ({notes.lstrip(', ')})" if notes else ""))
     _legend_outside(fig, ax)
     ax.grid(alpha=0.3)
     _save(fig, path)
@@ -445,7 +452,8 @@ def throughput(df: pd.DataFrame, path: str | os.PathLike | None = None, window: 
     ax.set_ylim(bottom=0)
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("env steps / s")
-    ax.set_title("Throughput" + (f" (rolling mean over {window} iterations)" if window > 1 else " (per iteration)"))
+    unit = "points" if _points_note(df) else "iterations"
+    ax.set_title("Throughput" + (f" (rolling mean over {window} {unit}" if window > 1 else f" (per {unit[:-1]}") + _points_note(df) + ")")
     _legend_outside(fig, ax)
     ax.grid(alpha=0.3)
     _save(fig, path)
@@ -603,9 +611,10 @@ def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
     (e.g. no episode finished) is skipped. `label` names the run in the learning curve's
     legend (default: the directory's name). Returns the paths written.
 
-    The file is read once, line by line (`run_frames`): the curves keep their scalar columns
-    for every row, the list-valued columns are reduced as they are read (the memory a long run's
-    plots need does not grow with its list columns)."""
+    The file is read once, line by line (`run_frames`): the list-valued columns are reduced as
+    they are read, and beyond `MAX_CURVE_POINTS` rows the curves are binned (each point the
+    mean of consecutive rows of a seed; the figures' titles then say how many), so the memory
+    the plots at the end of a run need does not grow with its length."""
     run_dir = os.fspath(run_dir)
     curves, lists = run_frames(run_dir, "plot_run")
     name = label or os.path.basename(os.path.normpath(os.path.abspath(run_dir))) or "run"
@@ -659,6 +668,115 @@ class _PaddedSum:
         self.sums[: len(row)] += np.where(finite, row, 0.0)
         self.counts[: len(row)] += finite
 
+    def mean(self) -> np.ndarray:
+        """Per position, the mean of the finite entries added (NaN where there was none)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.counts > 0, self.sums / np.maximum(self.counts, 1), np.nan)
+
+
+# Beyond this many metrics rows, `run_frames` bins the curves (so what the end of a run's plots
+# hold does not grow with its length): each curve point then stands for `rows_per_point`
+# consecutive rows of one seed (`_CurveBin`). 4,000 points are several per pixel of a figure.
+MAX_CURVE_POINTS = 4000
+_BIN_LAST = ("seed", "config_id", "iteration", "env_steps", "wall_time")  # a bin's point: where it ends
+_BIN_MAX = ("approx_kl_max",)  # a bin's maximum; every other curve column: the mean of its finite values
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class _CurveBin:
+    """The running reduction of consecutive curve rows of one seed to one row: the
+    `_BIN_LAST` columns take the last value, `_BIN_MAX` the maximum of the finite values,
+    every other column the mean of its finite values (element-wise for lists, e.g.
+    `sampler_steps_per_second`); None where a column had no finite value. Holds no row."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.last: dict[str, Any] = {}
+        self.maxima: dict[str, float] = {}
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.lists: dict[str, _PaddedSum] = {}
+        self.seen: set[str] = set()
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        self.rows += 1
+        for name in PLOT_RUN_CURVE_COLUMNS:
+            if name not in row:
+                continue
+            value = row[name]
+            self.seen.add(name)
+            if name in _BIN_LAST:
+                self.last[name] = value
+            elif isinstance(value, list):
+                self.lists.setdefault(name, _PaddedSum()).add(value)
+            elif not _finite_number(value):
+                continue
+            elif name in _BIN_MAX:
+                self.maxima[name] = max(self.maxima.get(name, value), value)
+            else:
+                self.sums[name] = self.sums.get(name, 0.0) + value
+                self.counts[name] = self.counts.get(name, 0) + 1
+
+    def row(self) -> dict[str, Any]:
+        """The reduced row (the columns any of the rows had)."""
+        out: dict[str, Any] = {name: None for name in self.seen}
+        out.update(self.last)
+        out.update(self.maxima)
+        out.update({name: total / self.counts[name] for name, total in self.sums.items()})
+        out.update({name: sums.mean().tolist() for name, sums in self.lists.items()})
+        return out
+
+
+class _Curves:
+    """The curve columns of `run_frames`, built row by row: every row when `rows_per_point` is
+    1, else one point per `rows_per_point` consecutive rows of each (config_id, seed)
+    (`_CurveBin`; a seed's last bin may hold fewer)."""
+
+    def __init__(self, rows_per_point: int) -> None:
+        self.rows_per_point = rows_per_point
+        self.columns: dict[str, list[Any]] = {}
+        self.points = 0
+        self._bins: dict[tuple[Any, Any], _CurveBin] = {}
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        if self.rows_per_point == 1:
+            self._append(row)
+            return
+        key = (row.get("config_id"), row.get("seed"))
+        current = self._bins.setdefault(key, _CurveBin())
+        current.add(row)
+        if current.rows == self.rows_per_point:
+            self._append(current.row())
+            del self._bins[key]
+
+    def frame(self) -> pd.DataFrame:
+        """The curves (the seeds' unfinished bins last), `attrs["rows_per_point"]` set."""
+        for current in self._bins.values():
+            self._append(current.row())
+        self._bins = {}
+        frame = pd.DataFrame(self.columns)
+        frame.attrs["rows_per_point"] = self.rows_per_point
+        return frame
+
+    def _append(self, row: Mapping[str, Any]) -> None:
+        for name in PLOT_RUN_CURVE_COLUMNS:
+            if name in row:
+                if name not in self.columns:  # (not setdefault: its default list would be built every row)
+                    self.columns[name] = [None] * self.points
+                self.columns[name].append(row[name])
+            elif name in self.columns:
+                self.columns[name].append(None)
+        self.points += 1
+
+
+def _count_rows(path: str) -> int:
+    """The non-blank lines of a file (a metrics.jsonl's rows, a torn last line included)."""
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
 
 def _metrics_path(run_dir: str | os.PathLike, what: str) -> str:
     """run_dir/metrics.jsonl; FileNotFoundError (naming `what`) when it is not there."""
@@ -671,8 +789,12 @@ def _metrics_path(run_dir: str | os.PathLike, what: str) -> str:
 def run_frames(run_dir: str | os.PathLike, what: str = "run_frames") -> tuple[pd.DataFrame, pd.DataFrame]:
     """What `plot_run` draws from `run_dir/metrics.jsonl`, read in one pass:
 
-    - `curves`: one row per metrics row with the `PLOT_RUN_CURVE_COLUMNS` it has (None where
-      a row lacks one);
+    - `curves`: the `PLOT_RUN_CURVE_COLUMNS` each row has (None where a row lacks one), one
+      row per metrics row - or, when the file has more than `MAX_CURVE_POINTS` rows, one per
+      `rows_per_point` = ceil(rows / MAX_CURVE_POINTS) consecutive rows of a seed (`_CurveBin`:
+      iteration, env steps and wall time of the bin's last row, `approx_kl_max` the maximum,
+      every other column the mean of its finite values), so at most MAX_CURVE_POINTS + one
+      per seed points however long the run; `curves.attrs["rows_per_point"]` says which;
     - `lists`: one row that stands for all of them for the list-valued plots: `lag_histogram`
       summed over the rows (`analysis.lag_histogram_of`), `kl_per_lag` averaged per bucket over
       the rows that have a finite value there (`mean_kl_per_lag`; NaN where none has), and the
@@ -680,23 +802,20 @@ def run_frames(run_dir: str | os.PathLike, what: str = "run_frames") -> tuple[pd
       holds a list in is absent.
 
     So `lag_histogram(lists)`, `kl_per_lag(lists)` and `sampler_time_split(lists)` draw what
-    they would draw from every row, without holding every row's lists.
+    they would draw from every row, and neither frame grows with the run beyond
+    MAX_CURVE_POINTS rows (the file is counted, then parsed line by line).
 
     Raises FileNotFoundError when there is no metrics.jsonl, ValueError when it has no rows.
     """
     from ppo_async.metrics import iter_jsonl
 
     metrics_path = _metrics_path(run_dir, what)
-    columns: dict[str, list[Any]] = {}
+    curves = _Curves(max(1, math.ceil(_count_rows(metrics_path) / MAX_CURVE_POINTS)))
     histogram, kl = _PaddedSum(), _PaddedSum()
     last: dict[str, Any] = {}
     n = 0
     for row in iter_jsonl(metrics_path, PLOT_RUN_COLUMNS):
-        for name in PLOT_RUN_CURVE_COLUMNS:
-            if name in row:
-                columns.setdefault(name, [None] * n).append(row[name])
-            elif name in columns:
-                columns[name].append(None)
+        curves.add(row)
         if isinstance(row.get("lag_histogram"), list):
             histogram.add(row["lag_histogram"])
         if isinstance(row.get("kl_per_lag"), list):
@@ -709,12 +828,11 @@ def run_frames(run_dir: str | os.PathLike, what: str = "run_frames") -> tuple[pd
     if histogram.counts.sum() > 0:
         lists["lag_histogram"] = [histogram.sums.tolist()]
     if kl.counts.sum() > 0:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            lists["kl_per_lag"] = [np.where(kl.counts > 0, kl.sums / np.maximum(kl.counts, 1), np.nan).tolist()]
+        lists["kl_per_lag"] = [kl.mean().tolist()]
     for name, _ in SAMPLER_TIME_COLUMNS:
         if name in last:
             lists[name] = [last[name]]
-    return pd.DataFrame(columns), pd.DataFrame(lists, index=[0]) if lists else pd.DataFrame(index=[0])
+    return curves.frame(), pd.DataFrame(lists, index=[0]) if lists else pd.DataFrame(index=[0])
 
 
 def read_run_metrics(run_dir: str | os.PathLike, what: str = "read_run_metrics", columns: Sequence[str] | None = None) -> pd.DataFrame:

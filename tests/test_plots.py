@@ -297,3 +297,50 @@ def test_run_frames_reduce_the_lists_to_what_every_row_would_draw(tmp_path):
         (tmp_path / "empty").mkdir()
         (tmp_path / "empty" / "metrics.jsonl").write_text("")
         plots.run_frames(tmp_path / "empty")
+
+
+def test_run_frames_bin_long_runs_to_a_bounded_number_of_points(tmp_path, monkeypatch):
+    """Beyond MAX_CURVE_POINTS rows the curves are binned per seed (the end of a long run's
+    plots holds a bounded number of points): a bin's position is its last row's, approx_kl_max
+    its maximum, every other column the mean of its finite values (element-wise for lists)."""
+    rows = []
+    for i in range(1, 12):  # 11 iterations x 2 seeds, interleaved as a multi-seed run writes them
+        for seed in (0, 1):
+            rows.append({"seed": seed, "iteration": i, "env_steps": 32 * i, "wall_time": 0.1 * i,
+                         "approx_kl": 0.01 * i * (seed + 1), "approx_kl_max": 0.02 * i * (seed + 1),
+                         "episode_return": None if i % 2 else -float(i * (seed + 1)), "steps_per_second": 100.0 * i,
+                         "sampler_steps_per_second": [float(i), None if i == 2 else 2.0 * i], "lag_histogram": [i, 1]})
+    write_run(tmp_path, rows)
+    monkeypatch.setattr(plots, "MAX_CURVE_POINTS", 4)  # 22 rows -> 6 rows per point; the last bin holds 5
+    curves, lists = plots.run_frames(tmp_path)
+    assert curves.attrs["rows_per_point"] == 6
+    assert len(curves) == 4 <= plots.MAX_CURVE_POINTS + 2  # a seed's unfinished bin comes last
+    assert curves["seed"].tolist() == [0, 1, 0, 1]
+    assert curves["iteration"].tolist() == [6, 6, 11, 11] and curves["env_steps"].tolist() == [192, 192, 352, 352]
+    np.testing.assert_allclose(curves["approx_kl"], [0.035, 0.07, 0.09, 0.18])  # means of 1..6 and 7..11, x 0.01 (x 2)
+    np.testing.assert_allclose(curves["approx_kl_max"], [0.12, 0.24, 0.22, 0.44])  # maxima
+    np.testing.assert_allclose(curves["episode_return"], [-4.0, -8.0, -9.0, -18.0])  # the even iterations' returns
+    np.testing.assert_allclose(curves["steps_per_second"], [350.0, 350.0, 900.0, 900.0])
+    assert curves["sampler_steps_per_second"][0] == pytest.approx([3.5, 7.6])  # (2 + 6 + 8 + 10 + 12) / 5: None skipped
+    np.testing.assert_array_equal(plots.summed_lag_histogram(lists), [132, 22])  # the lists still see every row
+    full = plots.read_run_metrics(tmp_path)  # the same reduction by hand from every row
+    for seed, (lo, hi) in [(0, (1, 6)), (1, (7, 11))]:
+        part = full[(full["seed"] == seed) & full["iteration"].between(lo, hi)]
+        row = curves[(curves["seed"] == seed) & (curves["iteration"] == hi)].iloc[0]
+        assert row["approx_kl"] == pytest.approx(part["approx_kl"].mean())
+        assert row["approx_kl_max"] == pytest.approx(part["approx_kl_max"].max())
+
+    paths = plots.plot_run(tmp_path)
+    assert [os.path.basename(p) for p in paths] == ["learning_curve.png", "kl_over_time.png", "throughput.png",
+                                                    "lag_histogram.png"]
+    for p in paths:
+        assert_png(p)
+    fig = plots.throughput(curves)
+    assert "6 rows per point" in fig.axes[0].get_title()
+    np.testing.assert_allclose(fig.axes[0].lines[0].get_xdata(), [0.6, 1.1])  # one point per bin, seeds averaged
+
+    monkeypatch.setattr(plots, "MAX_CURVE_POINTS", 22)  # up to the limit: one point per row, as before
+    curves, _ = plots.run_frames(tmp_path)
+    assert curves.attrs["rows_per_point"] == 1 and len(curves) == 22
+    assert curves["iteration"].tolist() == [r["iteration"] for r in rows]
+    assert "rows per point" not in plots.throughput(curves).axes[0].get_title()
