@@ -18,12 +18,12 @@ that level (the samples before the first iteration: XLA compiling the programs).
 
 The end peak is taken over the end only. It used to be the maximum of the whole trajectory,
 which is the startup peak whenever a program is compiled rather than read from JAX's persistent
-compilation cache: then 160-280 MB over the level, the "end peak" misses of the earlier
+compilation cache: then 140-280 MB over the level, the "end peak" misses of the earlier
 figures (measured: the same runs with a warm cache peak at startup 20-40 MB over the level).
 `num_iterations` is baked into the programs (learning-rate annealing), so each iteration count
 compiles once per machine and a run's figures depended on what had run before. By default
 (`--cache fresh`) every child therefore gets its own empty compilation cache: every run
-compiles, as a first run does (the running level is then 35-55 MB higher than with a warm
+compiles, as a first run does (the running level is then 25-55 MB higher than with a warm
 cache: the compiler's freed memory stays with the allocator). Targets: slope < 50 KB per
 1,000 iterations and end peak within 50 MB of the running level, in both modes.
 Writes OUT/bench_memory.json and prints the table quoted in README.
