@@ -306,7 +306,8 @@ def test_over_seeds_with_one_seed_equals_vmap():
 
 
 def test_traced_hyperparameters_are_listed_once():
-    assert set(learner.TRACED_CONFIG_FIELDS) == set(learner.Hyperparams._fields)
+    assert set(learner.TRACED_CONFIG_FIELDS) | set(learner.SGD_SHAPE_FIELDS) == set(learner.Hyperparams._fields)
+    assert not set(learner.TRACED_CONFIG_FIELDS) & set(learner.SGD_SHAPE_FIELDS)
     config = pa.Config(ppo=pa.PPOConfig(clip_eps=0.3, dual_clip=None), lag=pa.LagConfig(max_lag=5))
     hp = learner.hyperparams_from_config(config)
     assert float(hp.clip_eps) == pytest.approx(0.3) and math.isinf(float(hp.dual_clip)) and float(hp.max_lag) == 5.0
@@ -317,7 +318,12 @@ def test_traced_hyperparameters_are_listed_once():
 
     a = pa.Config(ppo=pa.PPOConfig(learning_rate=1e-4, clip_eps=0.1), rollout=pa.RolloutConfig(reward_scale=2.0))
     assert static_key(a) == static_key(pa.Config())
-    assert static_key(pa.Config(ppo=pa.PPOConfig(num_epochs=2))) != static_key(pa.Config())
+    # the SGD shape is traced within a sweep group (learner.slotted_epochs) but stays in the key of
+    # every other compiled program (train's program caches build the plain update from it)
+    assert static_key(pa.Config(ppo=pa.PPOConfig(num_epochs=2, num_minibatches=8))) == static_key(pa.Config())
+    assert static_key(pa.Config(rollout=pa.RolloutConfig(num_envs=8))) != static_key(pa.Config())
+    plain = lambda c: learner.without_traced_fields(pa.config_to_dict(c))  # noqa: E731
+    assert plain(pa.Config(ppo=pa.PPOConfig(num_epochs=2))) != plain(pa.Config())
 
 
 def test_optimizer_chain_clips_steps_and_freezes_the_critic():
