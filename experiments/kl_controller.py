@@ -31,6 +31,8 @@ enable_compilation_cache()
 
 import dataclasses
 import os
+import shlex
+import sys
 import time
 
 import numpy as np
@@ -158,7 +160,7 @@ def main(args: Args) -> None:
     runs.to_csv(os.path.join(out, "runs.csv"), index=False)
     curves.to_csv(os.path.join(out, "curves.csv.gz"), index=False)
     plot(curves, args, out)
-    text = summary_text(runs, args, configs) + [f"\n({time.perf_counter() - t0:.0f} s; python experiments/kl_controller.py)"]
+    text = summary_text(runs, args, configs) + [f"\n({time.perf_counter() - t0:.0f} s; python experiments/kl_controller.py {' '.join(shlex.quote(a) for a in sys.argv[1:])})"]
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write("\n".join(text) + "\n")
     print("\n".join(text))
