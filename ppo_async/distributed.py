@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -92,7 +93,9 @@ def initialize(d: DistributedConfig) -> DistributedConfig:
 
     Must run before JAX computes anything in the process - gymnax's import already does
     (`python -m ppo_async train` joins before parsing the env name). Raises ConfigError when
-    JAX already runs here with another process layout, or when joining fails.
+    JAX already runs here with another process layout, or when joining fails. When the other
+    processes do not join within `initialization_timeout_s`, the process ends (exit
+    `JOIN_TIMEOUT_EXIT`) with one line saying so (`join_watchdog`): JAX would abort it.
     """
     global _JOINED
     d = resolve_cluster(d)
@@ -105,10 +108,12 @@ def initialize(d: DistributedConfig) -> DistributedConfig:
                 f"process's jax.distributed ({jax.process_count()} processes, this one {jax.process_index()})"
             )
         return d
+    watchdog = join_watchdog(d)
+    watchdog.start()
     try:
-        jax.distributed.initialize(
+        jax.distributed.initialize(  # JAX's own limit later than the watchdog's: it aborts (SIGABRT) at its limit
             coordinator_address=d.coordinator_address, num_processes=d.num_processes, process_id=d.process_id,
-            initialization_timeout=d.initialization_timeout_s, heartbeat_timeout_seconds=d.heartbeat_timeout_s,
+            initialization_timeout=d.initialization_timeout_s + JOIN_GRACE_S, heartbeat_timeout_seconds=d.heartbeat_timeout_s,
         )
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(
@@ -116,10 +121,45 @@ def initialize(d: DistributedConfig) -> DistributedConfig:
             f"process {d.process_id} failed: {exc} (from Python, call ppo_async.distributed.initialize(config.distributed) "
             "before anything imports gymnax or runs JAX)"
         ) from exc
+    finally:
+        watchdog.cancel()
     if jax.process_count() != d.num_processes:
         raise ConfigError(f"distributed.num_processes = {d.num_processes} but JAX sees {jax.process_count()} processes")
     _JOINED = d
     return d
+
+
+JOIN_GRACE_S = 10  # JAX's join limit is this much past `initialization_timeout_s`: the watchdog speaks first
+JOIN_TIMEOUT_EXIT = 2  # the exit status of a process whose peers did not join in time (a configuration error)
+
+
+def join_message(d: DistributedConfig) -> str:
+    """What a process says when the others did not join within `initialization_timeout_s` (pure)."""
+    waiting_for = ("the other processes" if d.process_id == 0
+                   else f"process 0's coordinator at distributed.coordinator_address = {d.coordinator_address!r}")
+    return (f"error: distributed.initialization_timeout_s = {d.initialization_timeout_s}: process {d.process_id} of "
+            f"{d.num_processes} waited that long for {waiting_for} to join (is every process started, with the same "
+            "distributed.num_processes and coordinator address, and a distinct process_id?)")
+
+
+def join_watchdog(d: DistributedConfig) -> threading.Timer:
+    """A timer (not started) that, `initialization_timeout_s` after it starts, writes
+    `join_message(d)` to stderr and ends the process with `JOIN_TIMEOUT_EXIT`.
+
+    `jax.distributed.initialize` does not raise when its peers never come: at its limit JAX
+    aborts the process (SIGABRT and a C++ stack dump, coordinator and peers alike; measured,
+    jax 0.10.2). It releases the GIL while it waits, so this timer runs and ends the process
+    first with one clear line; cancel it once joined.
+    """
+
+    def give_up() -> None:
+        sys.stderr.write(join_message(d) + "\n")
+        sys.stderr.flush()
+        os._exit(JOIN_TIMEOUT_EXIT)  # the joining thread is inside JAX's C++ and cannot be interrupted
+
+    timer = threading.Timer(d.initialization_timeout_s, give_up)
+    timer.name, timer.daemon = "ppo_async-join-watchdog", True
+    return timer
 
 
 class SilenceWatch:

@@ -387,6 +387,31 @@ def test_a_multi_process_run_directory_evaluates(two_process_run, cli_main):
     assert out.returncode == 0 and "mean return" in out.stdout and "iteration 12" in out.stdout
 
 
+def test_a_process_whose_peers_never_join_says_so_and_exits_before_jax_aborts(tmp_path):
+    """Process 0 of 2 alone (its peer never starts) and process 1 of 2 alone (no coordinator at
+    the address): each ends with exit 2 and one line naming `initialization_timeout_s` and what
+    it waited for, soon after that limit - not JAX's SIGABRT and C++ stack dump (measured:
+    `jax.distributed.initialize` aborts both roles at its limit)."""
+    timeout_s = 2
+    procs, started = [], time.time()
+    for pid in range(2):
+        args = [*TINY, "--run-dir", str(tmp_path / f"run{pid}"), "--distributed.initialization-timeout-s", str(timeout_s),
+                *dist(pid, launch.free_port())]
+        procs.append(subprocess.Popen([sys.executable, "-m", "ppo_async", "train", *args], cwd=REPO_ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outputs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        _end_processes(procs)
+    took = time.time() - started
+    for pid, (p, (_, err)) in enumerate(zip(procs, outputs)):
+        assert p.returncode == distributed.JOIN_TIMEOUT_EXIT, (p.returncode, err[-3000:])
+        assert f"distributed.initialization_timeout_s = {timeout_s}: process {pid} of 2 waited" in err, err[-3000:]
+        assert "Check failure" not in err and "Traceback" not in err, err[-3000:]
+    assert "the other processes" in outputs[0][1] and "process 0's coordinator" in outputs[1][1]
+    assert took < timeout_s + distributed.JOIN_GRACE_S + 15  # interpreter start + imports, then the limit
+
+
 def _start_processes(args: list[str], port: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-m", "ppo_async", "train", *args, *dist(p, port)], cwd=REPO_ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in range(2)]
