@@ -172,3 +172,20 @@ def test_threaded_run_steered_to_the_floor_by_an_unreachable_target():
     assert all(r["samples_produced"] == r["samples_consumed"] + r["samples_dropped"] + r["samples_resident"] for r in rows)
     paused = [i for i, s in enumerate(last["sampler_paused_s"]) if s > 0]
     assert len(paused) == 2
+
+
+def test_pause_time_counts_the_pause_in_progress():
+    """`SamplerStats.paused_seconds` adds the pause in progress to the ended ones, so a sampler
+    paused shortly before a row is not shown as never paused (hand-made instants)."""
+    from ppo_async.modes.threaded import SamplerStats
+
+    stats = SamplerStats()
+    assert stats.paused_seconds(5.0) == 0.0
+    stats.pause_began(10.0)
+    stats.pause_began(10.1)  # a later slice of the same pause does not restart it
+    assert stats.paused_seconds(10.5) == pytest.approx(0.5)
+    stats.pause_ended(11.0)
+    assert stats.paused_since is None and stats.paused_seconds(20.0) == pytest.approx(1.0)
+    stats.pause_ended(12.0)  # not paused: nothing to add
+    stats.pause_began(30.0)
+    assert stats.paused_seconds(30.25) == pytest.approx(1.25)

@@ -96,7 +96,8 @@ class SamplerStats:
     # learner thread sums them while this one adds: the dict never changes size)
     put_timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("lock_s", "space_s", "write_s"), 0.0))
     latency_s: float = 0.0
-    paused_s: float = 0.0  # seconds paused by the KL controller
+    paused_s: float = 0.0  # seconds paused by the KL controller, pauses that ended (see paused_seconds)
+    paused_since: float | None = None  # perf_counter() when the pause in progress began
     phase: str = "starting"  # what the thread is doing now: params, rollout, latency, put, paused
     phase_since: float = 0.0  # perf_counter() when that began
 
@@ -108,6 +109,23 @@ class SamplerStats:
     def enter(self, phase: str) -> None:
         """Marks what the sampler does next (named if the thread gets stuck there)."""
         self.phase, self.phase_since = phase, time.perf_counter()
+
+    def pause_began(self, now: float) -> None:
+        """The KL controller paused this sampler (no-op while a pause is in progress)."""
+        if self.paused_since is None:
+            self.paused_since = now
+
+    def pause_ended(self, now: float) -> None:
+        """The pause in progress is over: its time joins `paused_s`."""
+        since, self.paused_since = self.paused_since, None
+        if since is not None:
+            self.paused_s += now - since
+
+    def paused_seconds(self, now: float) -> float:
+        """Seconds paused by the KL controller up to `now`, the pause in progress included (a
+        sampler paused shortly before a row counts from its pause, not from its next poll)."""
+        since = self.paused_since
+        return self.paused_s + (now - since if since is not None else 0.0)
 
 
 @dataclass(frozen=True)
@@ -254,7 +272,8 @@ def control_lag(shared: "RunShared", limits: kl_control.ControllerLimits, state:
     """One KL-controller step after a learner iteration: feeds it the iteration's approx_kl
     (none when every sample was stale: no KL was measured) and lag_max and each sampler's rate
     while it ran, and puts its knobs in force for the samplers."""
-    rates = [s.produced / max(elapsed_s - s.paused_s, 1e-9) for s in shared.stats]
+    now = shared.start + elapsed_s
+    rates = [s.produced / max(elapsed_s - s.paused_seconds(now), 1e-9) for s in shared.stats]
     kl = float(metrics["approx_kl"]) if consumed > 0 else math.nan
     state = kl_control.step(limits, state, kl, int(metrics["lag_max"]), rates)
     shared.knobs = state.knobs
@@ -301,11 +320,11 @@ def _force_refresh(stats: SamplerStats, store: ParamStore, snapshot: Any, versio
 
 
 def _pause_slice(shared: RunShared, stats: SamplerStats) -> None:
-    """One POLL_S slice of a sampler paused by the KL controller (counted in paused_s)."""
-    t0 = time.perf_counter()
+    """One POLL_S slice of a sampler paused by the KL controller (its pause timed from the first
+    slice: `SamplerStats.paused_seconds`)."""
+    stats.pause_began(time.perf_counter())
     stats.enter("paused")
     shared.stop.wait(POLL_S)
-    stats.paused_s += time.perf_counter() - t0
 
 
 def _no_room(shared: RunShared, stats: SamplerStats, knobs: kl_control.LagKnobs) -> bool:
@@ -360,6 +379,8 @@ def sampler_loop(
                 _pause_slice(shared, stats)
                 paused = True
                 continue
+            if stats.paused_since is not None:  # resumed
+                stats.pause_ended(time.perf_counter())
             if _no_room(shared, stats, knobs):
                 continue
             t0 = time.perf_counter()
@@ -510,7 +531,7 @@ def learner_row(
         sampler_write_s=[s.put_timings["write_s"] for s in sampler_stats],
         sampler_latency_s=[s.latency_s for s in sampler_stats],
         sampler_forced_refreshes=[s.forced_refreshes for s in sampler_stats],
-        sampler_paused_s=[s.paused_s for s in sampler_stats],
+        sampler_paused_s=[s.paused_seconds(times.done) for s in sampler_stats],
     )
     return row
 
