@@ -379,8 +379,7 @@ def sampler_loop(
                 _pause_slice(shared, stats)
                 paused = True
                 continue
-            if stats.paused_since is not None:  # resumed
-                stats.pause_ended(time.perf_counter())
+            stats.pause_ended(time.perf_counter())  # running: a pause in progress (if any) is over
             if _no_room(shared, stats, knobs):
                 continue
             t0 = time.perf_counter()
