@@ -33,9 +33,9 @@ import textwrap
 
 import tyro
 
-from ppo_async.benchmarking import MachineLoad, describe_other_cpu, fmt_rate, interleave, write_report
-from ppo_async.launch import free_port
-from ppo_async.metrics import read_jsonl
+from ppo_async.study.benchmarking import MachineLoad, describe_other_cpu, fmt_rate, interleave, write_report
+from ppo_async.runtime.launch import free_port
+from ppo_async.report.metrics import read_jsonl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -89,7 +89,7 @@ def run_side(name: str, total: int) -> dict:
 ALLREDUCE = textwrap.dedent(
     """
     import json, sys, time
-    from ppo_async.xla_flags import apply_cpu_workarounds
+    from ppo_async.runtime.xla_flags import apply_cpu_workarounds
     apply_cpu_workarounds()
     import jax, jax.numpy as jnp, numpy as np
     process_id, num_processes, port, calls = (int(a) for a in sys.argv[1:5])
@@ -98,7 +98,8 @@ ALLREDUCE = textwrap.dedent(
     import ppo_async as pa
     from jax.flatten_util import ravel_pytree
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from ppo_async import distributed, learner
+    from ppo_async.runtime import distributed
+    from ppo_async.core import learner
     from ppo_async.modes.common import make_contexts
     cfg = pa.Config(network=pa.NetworkConfig(actor_hidden=(64, 64), critic_hidden=(64, 64)))
     _, rctx, ctx = make_contexts(cfg)

@@ -9,7 +9,7 @@
     number of envs and steps, no policy, no learner, no auto-reset. The ratio is what a user
     gets of the simulator's speed.
 (b) Host-side Gymnasium (HalfCheetah-v5, 16 envs): one sampler's host rollout
-    (`host_envs.HostRollout`: the jitted policy per step, then the assembly) vs the bare
+    (`host_rollout.HostRollout`: the jitted policy per step, then the assembly) vs the bare
     `SyncVectorEnv` stepping random actions (target >= 0.6), and the aggregate env steps/s of
     1, 2 and 4 sampler threads each running its own host rollouts at once (no learner).
 
@@ -18,7 +18,7 @@ Medians of interleaved repeats. Writes experiments/results/bench_envs/{results.j
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
 enable_compilation_cache()
@@ -35,10 +35,11 @@ import numpy as np
 import tyro
 
 import ppo_async as pa
-from ppo_async import envs, host_envs, learner
-from ppo_async.benchmarking import MachineLoad, fmt_rate, interleave, verdict, write_report
+from ppo_async import envs
+from ppo_async.core import host_rollout, learner
+from ppo_async.study.benchmarking import MachineLoad, fmt_rate, interleave, verdict, write_report
 from ppo_async.modes.common import make_contexts
-from ppo_async.types import snapshot_of
+from ppo_async.core.types import snapshot_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JAX_ENVS = ("playground/CartpoleBalance", "brax/inverted_pendulum")
@@ -112,16 +113,16 @@ def measure_jax_env(name: str, args: Args) -> dict[str, Any]:
             "sync_median": sync, "bare_median": bare, "ratio": sync / bare}
 
 
-def host_setup(num_envs: int) -> tuple[host_envs.HostRollout, Any, pa.Config]:
+def host_setup(num_envs: int) -> tuple[host_rollout.HostRollout, Any, pa.Config]:
     config = pa.config_for_env(HOST_ENV, {"mode": "threaded", "rollout.num_envs": num_envs})
     _, rollout_ctx, learner_ctx = make_contexts(config)
     state = learner.init_train_state(learner_ctx, jax.random.PRNGKey(0), rollout_ctx.env.obs_shape)
-    roll = host_envs.HostRollout(rollout_ctx)
+    roll = host_rollout.HostRollout(rollout_ctx)
     roll.warm_up(snapshot_of(state))
     return roll, snapshot_of(state), config
 
 
-def host_rollout_rate(roll: host_envs.HostRollout, snapshot: Any, env: host_envs.HostVectorEnv, rollouts: int) -> float:
+def host_rollout_rate(roll: host_rollout.HostRollout, snapshot: Any, env: host_rollout.HostVectorEnv, rollouts: int) -> float:
     key = jax.random.PRNGKey(2)
     t0 = time.perf_counter()
     for _ in range(rollouts):
@@ -131,7 +132,7 @@ def host_rollout_rate(roll: host_envs.HostRollout, snapshot: Any, env: host_envs
     return rollouts * env.num_envs * roll.ctx.config.num_steps / (time.perf_counter() - t0)
 
 
-def bare_vector_rate(env: host_envs.HostVectorEnv, steps: int, seed: int = 0) -> float:
+def bare_vector_rate(env: host_rollout.HostVectorEnv, steps: int, seed: int = 0) -> float:
     rng = np.random.default_rng(seed)
     space = env.vec.action_space
     actions = rng.uniform(space.low, space.high, size=(steps, *space.shape)).astype(np.float32)
@@ -141,14 +142,14 @@ def bare_vector_rate(env: host_envs.HostVectorEnv, steps: int, seed: int = 0) ->
     return steps * env.num_envs / (time.perf_counter() - t0)
 
 
-def threads_rate(roll: host_envs.HostRollout, snapshot: Any, config: pa.Config, num_threads: int, rollouts: int) -> float:
+def threads_rate(roll: host_rollout.HostRollout, snapshot: Any, config: pa.Config, num_threads: int, rollouts: int) -> float:
     """Aggregate env steps/s of `num_threads` threads, each with its own vector env, running
     `rollouts` host rollouts at once (the samplers of a threaded run without the learner)."""
     spec = envs.make_env(HOST_ENV).env
-    vec_envs = [host_envs.HostVectorEnv(spec, config.rollout.num_envs, 100 + i) for i in range(num_threads)]
+    vec_envs = [host_rollout.HostVectorEnv(spec, config.rollout.num_envs, 100 + i) for i in range(num_threads)]
     start = threading.Barrier(num_threads + 1)
 
-    def body(env: host_envs.HostVectorEnv) -> None:
+    def body(env: host_rollout.HostVectorEnv) -> None:
         start.wait()
         host_rollout_rate(roll, snapshot, env, rollouts)
 
@@ -167,7 +168,7 @@ def threads_rate(roll: host_envs.HostRollout, snapshot: Any, config: pa.Config, 
 
 def measure_host_env(args: Args) -> dict[str, Any]:
     roll, snapshot, config = host_setup(16)
-    env = host_envs.HostVectorEnv(envs.make_env(HOST_ENV).env, 16, 0)
+    env = host_rollout.HostVectorEnv(envs.make_env(HOST_ENV).env, 16, 0)
     steps = args.host_rollouts * config.rollout.num_steps
     try:
         samples = interleave(args.repeats, [("rollout", lambda: host_rollout_rate(roll, snapshot, env, args.host_rollouts)),

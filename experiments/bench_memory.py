@@ -46,7 +46,7 @@ REPO_ROOT = os.path.dirname(HERE)
 
 CHILD = r"""
 import json, os, sys, threading, time
-from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 apply_cpu_workarounds(); enable_compilation_cache()
 import ppo_async as pa
 
@@ -88,7 +88,7 @@ class Args:
     per 1,000 at 10,000 iterations, 7.5 at 30,000)."""
     cache: str = "fresh"
     """"fresh": each child compiles into its own empty JAX compilation cache (reproducible: every
-    run compiles); "user": the default cache (`ppo_async.xla_flags.compilation_cache_dir`)."""
+    run compiles); "user": the default cache (`ppo_async.runtime.xla_flags.compilation_cache_dir`)."""
     modes: tuple[str, ...] = ("sync", "threaded")
     log_every: tuple[int, ...] = (1, 10)
     out: str | None = None

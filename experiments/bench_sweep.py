@@ -6,15 +6,15 @@
 All measured side by side in one run of this script:
   (a) one `python -m ppo_async train` process per config and seed, as a shell loop or a
       Hydra multirun would do it: each pays interpreter start-up, imports and compile;
-  (b) `ppo_async.sweep(strategy="loop")`: one compile, one seed-vmapped call per config;
-  (c) `ppo_async.sweep(strategy="vmap")`: one compile, all configs x seeds in one program;
+  (b) `ppo_async.study.sweep(strategy="loop")`: one compile, one seed-vmapped call per config;
+  (c) `ppo_async.study.sweep(strategy="vmap")`: one compile, all configs x seeds in one program;
   (s) one config, one seed, in-process (for "vmap costs at most k x a single run").
 Writes experiments/results/bench_sweep/<backend>.json and .txt.
 """
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
 enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)

@@ -5,7 +5,7 @@
     python experiments/bench_sync.py --shapes peer --repeats 5
 
 Measured side by side in one run of this script, Pendulum-v1, one seed:
-  (i)  user: `ppo_async.train(config)` (sync mode, no run_dir, no progress bar); env steps/s =
+  (i)  user: `ppo_async.modes.train(config)` (sync mode, no run_dir, no progress bar); env steps/s =
        num_iterations * batch_size / `result.run_seconds` (compile excluded).
   (ii) roofline: the same pure parts, no metrics and no diagnostics: one jitted, donated step
        per iteration doing `rollout.rollout` (the rollout context of the config), values of
@@ -35,7 +35,7 @@ Writes OUT/<backend>.json and OUT/report.txt (default OUT: experiments/results/b
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
 enable_compilation_cache()  # compile time is outside every (i)/(ii) figure; (iii) uses its own fresh dirs
@@ -56,13 +56,22 @@ import optax
 import tyro
 
 import ppo_async as pa
-from ppo_async import envs, losses, networks
-from ppo_async.benchmarking import MachineLoad, describe_other_cpu, fmt_rate, interleave, verdict, write_report
-from ppo_async.rollout import rollout
-from ppo_async.types import PolicySnapshot
-from ppo_async.xla_flags import COMPILATION_CACHE_ENV
+from ppo_async import envs
+from ppo_async.core import losses, networks
+from ppo_async.study.benchmarking import (
+    MachineLoad,
+    describe_other_cpu,
+    fmt_rate,
+    interleave,
+    verdict,
+    write_report,
+)
+from ppo_async.core.rollout import rollout
+from ppo_async.core.types import PolicySnapshot
+from ppo_async.runtime.xla_flags import COMPILATION_CACHE_ENV
 
 from ppo_async.modes.common import make_contexts
+from ppo_async.core import normalization
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -192,7 +201,7 @@ def make_roofline(config: pa.Config) -> Roofline:
         env_state = envs.reset_envs(env, jax.random.fold_in(env_key, 0), rc.num_envs)
         zero = jnp.zeros((), jnp.float32)
         return RooflineState(
-            params, tx.init(params), envs.init_obs_stats(env.obs_shape), env_state, run_key,
+            params, tx.init(params), normalization.init_obs_stats(env.obs_shape), env_state, run_key,
             jnp.zeros((), jnp.int32), zero, zero,
         )
 
@@ -242,7 +251,7 @@ def make_roofline(config: pa.Config) -> Roofline:
         (params, opt_state), _ = jax.lax.scan(
             epoch, (state.params, state.opt_state), jax.random.split(update_key, ppo.num_epochs)
         )
-        obs_stats = envs.merge_moments(state.obs_stats, trajectory.stats.obs_moments) if rc.normalize_obs else state.obs_stats
+        obs_stats = normalization.merge_moments(state.obs_stats, trajectory.stats.obs_moments) if rc.normalize_obs else state.obs_stats
         late = (state.version >= sanity_from).astype(jnp.float32)
         return RooflineState(
             params, opt_state, obs_stats, env_state, key, state.version + 1,
@@ -459,7 +468,7 @@ def report(results: dict) -> str:
     if results["shapes"]:
         lines += [
             "",
-            "env steps/s: (i) user = ppo_async.train(config), sync mode, run_seconds (compile excluded);",
+            "env steps/s: (i) user = ppo_async.modes.train(config), sync mode, run_seconds (compile excluded);",
             "             (ii) roofline = the same rollout / GAE / PPO clip + value loss / Adam in one jitted donated step, no metrics",
             f"{'shape':<9}{'envs':>8}{'ep x mb':>9}{'nets':>9}{'env steps':>11}{'user':>9}{'roofline':>10}{'ratio':>8}"
             f"{'paired':>8}   target >= {ROOFLINE_TARGET}",

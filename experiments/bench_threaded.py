@@ -14,7 +14,7 @@ All measured side by side in one run of this script (Pendulum-v1, default PPO se
       main thread, as `train` does), vs the same jitted update called in a loop on one batch
       with `jax.device_get(metrics)` each iteration. Iterations/s, first iteration excluded
       on both sides. No target; reported for scale.
-  (c) straggler: `ppo_async.train` with 4 samplers whose simulated env step takes L, L, L and
+  (c) straggler: `ppo_async.modes.train` with 4 samplers whose simulated env step takes L, L, L and
       4L ms, async (chunks_per_batch = 4) vs barrier (one rollout from every sampler per
       version, so also 4 chunks per batch: the learner does the same work per env step).
       Consumer-side env steps/s = final env_steps / final wall_time; target >= 2x. Also the
@@ -40,7 +40,7 @@ CPU time taken by other processes during the run); --quick writes <backend>-quic
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
 enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
@@ -57,8 +57,15 @@ import jax
 import tyro
 
 import ppo_async as pa
-from ppo_async.benchmarking import MachineLoad, describe_other_cpu, fmt_rate, interleave, verdict, write_report
-from ppo_async.buffer import RingBuffer
+from ppo_async.study.benchmarking import (
+    MachineLoad,
+    describe_other_cpu,
+    fmt_rate,
+    interleave,
+    verdict,
+    write_report,
+)
+from ppo_async.runtime.buffer import RingBuffer
 from ppo_async.modes.threaded import (
     POLL_S,
     RunShared,
@@ -68,7 +75,7 @@ from ppo_async.modes.threaded import (
     make_threaded_setup,
     sampler_loop,
 )
-from ppo_async.types import snapshot_of
+from ppo_async.core.types import snapshot_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLER_TARGET = 0.9

@@ -21,7 +21,7 @@ in two regimes, each with one straggler in four samplers (sampler i waits
             straggler): the samplers wait rather than compute, so more of them help until the
             learner is the bottleneck.
 Per count: consumer env steps/s (the learner's intake after a 20% warm-up), mean KL, mean lag,
-and the knee by `tune`'s rule (`ppo_async.tune.knee_of`, KL target `kl_target`).
+and the knee by `tune`'s rule (`ppo_async.study.tune.knee_of`, KL target `kl_target`).
 
 Every run is measured with `analysis.run_measurements`; the tables give mean ± 95% CI over
 seeds. Writes OUT/buffer.csv, OUT/samplers.csv (one row per run), OUT/summary.txt (the README
@@ -30,7 +30,7 @@ tables), kl_vs_buffer.png, return_vs_buffer.png and knee_<regime>.png.
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
 enable_compilation_cache()
@@ -44,8 +44,8 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async import analysis, plots
-from ppo_async.tune import knee_of, with_latency
+from ppo_async.report import analysis, plots
+from ppo_async.study.tune import knee_of, with_latency
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

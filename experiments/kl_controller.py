@@ -10,7 +10,7 @@ Three settings, each `num_seeds` threaded runs of `total_env_steps`, in a slow-s
   bad         deliberately bad: `bad_samplers` samplers (6: more than the learner can take),
               a `bad_buffer_chunks`-chunk ring buffer (64) and refresh_lag `bad_refresh_lag` (4)
   controlled  the bad setting with the KL controller on, `threaded.kl_target = kl_target`
-  best_fixed  the setting `ppo_async.tune` chooses on the same regime (run first, from the bad
+  best_fixed  the setting `ppo_async.study.tune` chooses on the same regime (run first, from the bad
               setting, its output in OUT/tune; a finished tune there is reused)
 Reported per setting (mean ± 95% CI over seeds): the fraction of post-warm-up iterations (after
 the first 20%) whose approx_kl is at or below 1.25 x the target (the target: >= 80% for
@@ -24,7 +24,7 @@ return_vs_env_steps.png, return_vs_wall_clock.png and kl_over_time.png.
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
 enable_compilation_cache()
@@ -40,9 +40,9 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async import analysis, plots
+from ppo_async.report import analysis, plots
 from ppo_async.config import replace_paths
-from ppo_async.tune import with_latency
+from ppo_async.study.tune import with_latency
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETTINGS = ("bad", "controlled", "best_fixed")

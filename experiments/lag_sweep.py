@@ -15,7 +15,7 @@ Simulated mode with a fixed lag K in {0, 1, 2, 4, 8, 16, 32}, crossed with six v
   decoupled_ewma  the same with pi_prox an EWMA of the learner's params, decay 0.975 per SGD
                   step (centre of mass ~39 steps: the age of PPO's pi_old at 80 steps per
                   iteration, Hilton et al.'s matching rule)
-Each variant is one `ppo_async.sweep` over K (the first five share one compile: the objective
+Each variant is one `ppo_async.study.sweep` over K (the first five share one compile: the objective
 and its scalars are traced; V-trace and the EWMA are other programs). Per cell, over seeds:
 final return (mean of each seed's last 10% of iterations, 95% CI), area under the curve (mean
 return over the whole run = AUC / env steps, 95% CI), median env steps to the threshold (and
@@ -30,7 +30,7 @@ tables quoted in README.
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
 enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
@@ -44,7 +44,7 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async import analysis
+from ppo_async.report import analysis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -11,7 +11,7 @@
         --set rollout.num_envs=64 --set rollout.num_steps=128 --set ppo.num_epochs=4 \
         --set ppo.num_minibatches=32 --tag peer-shape
 
-All seeds train in one compile (vmap). The env's preset (`ppo_async.presets`) fills every
+All seeds train in one compile (vmap). The env's preset (`ppo_async.config.presets`) fills every
 field `--set` does not. "Steps to threshold" is the env-step count of the
 first learner iteration whose mean return over the episodes finished in it reaches the
 threshold. Writes OUT/curves.csv, OUT/return_vs_steps.png, OUT/summary.json.
@@ -19,7 +19,7 @@ threshold. Writes OUT/curves.csv, OUT/return_vs_steps.png, OUT/summary.json.
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
 enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
@@ -33,7 +33,7 @@ import numpy as np
 import tyro
 
 import ppo_async as pa
-from ppo_async import analysis
+from ppo_async.report import analysis
 
 DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "CartPole-v1": 475.0, "Acrobot-v1": -100.0,
                       "playground/CartpoleBalance": 800.0, "brax/inverted_pendulum": 900.0,

@@ -61,7 +61,7 @@ kl_per_lag_async, kl_per_lag_simulated.
 
 from __future__ import annotations
 
-from ppo_async.xla_flags import apply_cpu_workarounds, enable_compilation_cache
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
 
 apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
 enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
@@ -83,7 +83,7 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async import analysis, plots
+from ppo_async.report import analysis, plots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = ("barrier", "async", "simulated", "async_cpb4", "simulated_lag0", "async_decoupled")

@@ -1,7 +1,8 @@
 """ppo_async: asynchronous PPO in JAX — sampling throughput, policy lag and learning efficiency."""
 
-from ppo_async import analysis, losses
-from ppo_async.analysis import lag_histogram_of, per_sampler, summarize
+from ppo_async.report import analysis
+from ppo_async.core import losses
+from ppo_async.report.analysis import lag_histogram_of, per_sampler, summarize
 from ppo_async.config import (
     Config,
     ConfigError,
@@ -16,17 +17,17 @@ from ppo_async.config import (
     replace_path,
 )
 from ppo_async.envs import Env, make_env
-from ppo_async.metrics import NonFiniteError, read_jsonl
-from ppo_async.networks import ActorCritic, make_actor_critic
-from ppo_async.lag import LagSchedule, make_schedule, read_schedule, write_schedule
-from ppo_async.sweep import load_sweep, save_sweep, sweep
-from ppo_async.policy import Policy, evaluate
-from ppo_async.presets import config_for_env, preset_for
-from ppo_async.recorder import RunRecorder
-from ppo_async.registry import Mode, get_mode, register_mode
-from ppo_async.result import TrainResult
-from ppo_async.train import load, resume, train
-from ppo_async.tune import TuneResult, tune
+from ppo_async.report.metrics import NonFiniteError, read_jsonl
+from ppo_async.core.networks import ActorCritic, make_actor_critic
+from ppo_async.core.lag import LagSchedule, make_schedule, read_schedule, write_schedule
+from ppo_async.study.sweep import load_sweep, save_sweep, sweep
+from ppo_async.run.policy import Policy, evaluate
+from ppo_async.config.presets import config_for_env, preset_for
+from ppo_async.run.recorder import RunRecorder
+from ppo_async.modes.registry import Mode, get_mode, register_mode
+from ppo_async.run.result import TrainResult
+from ppo_async.modes.train import load, resume, train
+from ppo_async.study.tune import TuneResult, tune
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from ppo_async.xla_flags import apply_cpu_workarounds
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds
 
 apply_cpu_workarounds()  # entry point: before JAX starts its backend
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 # Entry point of the test process: XLA flags before JAX starts (see ppo_async/xla_flags.py).
-from ppo_async.xla_flags import apply_cpu_workarounds  # noqa: E402  (imports no JAX backend)
+from ppo_async.runtime.xla_flags import apply_cpu_workarounds  # noqa: E402  (imports no JAX backend)
 
 # Tests run tiny budgets, so compiling dominates their time. Three XLA CPU flags cut it:
 # - backend optimisation level 0: about a third faster (two slow tests 53.6 s -> 35.8 s);
@@ -39,7 +39,7 @@ apply_cpu_workarounds()
 # (0 turns it off).
 import tempfile  # noqa: E402
 
-from ppo_async.xla_flags import COMPILATION_CACHE_ENV, enable_compilation_cache  # noqa: E402
+from ppo_async.runtime.xla_flags import COMPILATION_CACHE_ENV, enable_compilation_cache  # noqa: E402
 
 _RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
 os.environ.setdefault(COMPILATION_CACHE_ENV, os.path.join(tempfile.gettempdir(), f"ppo_async-test-cache-{_RUN_ID}"))

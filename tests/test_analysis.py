@@ -1,4 +1,4 @@
-"""ppo_async.analysis: hand-computed numbers on small DataFrames."""
+"""ppo_async.report.analysis: hand-computed numbers on small DataFrames."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ppo_async import analysis
+from ppo_async.report import analysis
 
 NAN = float("nan")
 
@@ -210,7 +210,7 @@ def test_empty_frame_gives_empty_series():
 
 
 def test_leaf_module():
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_async", "analysis.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_async", "report", "analysis.py")
     tree = ast.parse(open(path, encoding="utf-8").read())
     imported = set()
     for node in ast.walk(tree):

@@ -1,4 +1,4 @@
-"""Tests of ppo_async.benchmarking: the helpers of the benchmark scripts in experiments/."""
+"""Tests of ppo_async.study.benchmarking: the helpers of the benchmark scripts in experiments/."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from ppo_async import benchmarking
-from ppo_async.benchmarking import (
+from ppo_async.study import benchmarking
+from ppo_async.study.benchmarking import (
     MachineLoad,
     describe_other_cpu,
     fmt_rate,

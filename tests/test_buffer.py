@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppo_async.buffer import RingBuffer, buffer_add, buffer_init, buffer_take
-from ppo_async.param_store import ParamStore
-from ppo_async.types import PolicySnapshot, RunningMeanStd
+from ppo_async.runtime.buffer import RingBuffer, buffer_add, buffer_init, buffer_take
+from ppo_async.runtime.param_store import ParamStore
+from ppo_async.core.types import PolicySnapshot, RunningMeanStd
 
 
 def make_chunk(i: int, seed: int = 0):

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from ppo_async.checkpoint import CheckpointError, Checkpointer
+from ppo_async.run.checkpoint import CheckpointError, Checkpointer
 
 
 class Counters(NamedTuple):
@@ -212,7 +212,7 @@ _CHILD = textwrap.dedent(
     import os, sys
     sys.path.insert(0, {tests_dir!r})
     from test_checkpoint import make_state
-    from ppo_async.checkpoint import Checkpointer
+    from ppo_async.run.checkpoint import Checkpointer
     from orbax.checkpoint._src.path import atomicity
 
     ck = Checkpointer({directory!r})

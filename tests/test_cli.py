@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from ppo_async.metrics import read_jsonl
+from ppo_async.report.metrics import read_jsonl
 
 FAST = ["--rollout.num-envs", "4", "--rollout.num-steps", "16", "--ppo.num-minibatches", "2",
         "--ppo.num-epochs", "1", "--total-env-steps", "128", "--quiet"]

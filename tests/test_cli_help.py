@@ -133,7 +133,7 @@ def test_corrupted_checkpoint_is_one_line(run_cli, checkpointed, tmp_path):
 
 def test_progress_bar_keeps_the_last_known_return():
     """Pendulum finishes an episode every 200 steps: rows without one keep showing the last return."""
-    from ppo_async.metrics import Progress
+    from ppo_async.report.metrics import Progress
 
     progress = Progress(total_env_steps=3000, enabled=True)
     try:

@@ -105,7 +105,7 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys):
     (tmp_path / "r" / "metrics.jsonl").write_text("")
     train_cfg = Config(env="CartPole-v1", total_env_steps=64, run_dir=str(tmp_path / "r"),
                        rollout=RolloutConfig(num_envs=4, num_steps=16), ppo=PPOConfig(num_epochs=1, num_minibatches=2))
-    from ppo_async.rundir import write_config
+    from ppo_async.run.rundir import write_config
 
     write_config(str(tmp_path / "r"), train_cfg)
     assert main(["eval", str(tmp_path / "r")]) == 2

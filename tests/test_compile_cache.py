@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from ppo_async import xla_flags
-from ppo_async.xla_flags import COMPILATION_CACHE_ENV, compilation_cache_dir, enable_compilation_cache
+from ppo_async.runtime import xla_flags
+from ppo_async.runtime.xla_flags import COMPILATION_CACHE_ENV, compilation_cache_dir, enable_compilation_cache
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 128  # two iterations of the small shape below (4 envs x 16 steps)

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async import losses
+from ppo_async.core import losses
 from ppo_async.modes.threaded import resolve_placement
-from ppo_async.rollout import concat_trajectories
+from ppo_async.core.rollout import concat_trajectories
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE = ["d0", "d1", "d2", "d3"]
@@ -73,9 +73,10 @@ def test_barrier_and_chunk_config_rules():
 
 def test_concat_trajectories_joins_env_columns_and_merges_stats():
     from ppo_async.modes.common import make_contexts
-    from ppo_async.rollout import rollout
-    from ppo_async import envs, learner
-    from ppo_async.types import snapshot_of
+    from ppo_async.core.rollout import rollout
+    from ppo_async import envs
+    from ppo_async.core import learner
+    from ppo_async.core.types import snapshot_of
 
     config = pa.Config(rollout=pa.RolloutConfig(num_envs=4, num_steps=8))
     _, rctx, lctx = make_contexts(config)
@@ -104,14 +105,15 @@ def test_normalize_advantages_over_an_axis_equals_normalizing_the_whole_batch():
 MULTI_DEVICE_SCRIPT = textwrap.dedent(
     """
     import json, os
-    from ppo_async.xla_flags import apply_cpu_workarounds
+    from ppo_async.runtime.xla_flags import apply_cpu_workarounds
     apply_cpu_workarounds()
     import jax, numpy as np
     import ppo_async as pa
-    from ppo_async import envs, learner
+    from ppo_async import envs
+    from ppo_async.core import learner
     from ppo_async.modes.common import make_contexts
-    from ppo_async.rollout import rollout
-    from ppo_async.types import snapshot_of
+    from ppo_async.core.rollout import rollout
+    from ppo_async.core.types import snapshot_of
 
     out = {"devices": len(jax.devices())}
     # (1) one data-parallel update over 4 devices == the single-device update (one minibatch,

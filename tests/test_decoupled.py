@@ -7,15 +7,15 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async import envs, learner
+from ppo_async import envs
+from ppo_async.core import learner
 from ppo_async.modes.common import make_contexts
-from ppo_async.rollout import rollout
-from ppo_async.types import snapshot_of
+from ppo_async.core.rollout import rollout
+from ppo_async.core.types import snapshot_of
 
 PPO = pa.PPOConfig
 SMALL = dict(env="Pendulum-v1", rollout=pa.RolloutConfig(num_envs=4, num_steps=16),
@@ -42,7 +42,7 @@ def test_hyperparams_trace_the_objective_and_its_scalars():
     assert float(hp.decoupled) == 1.0 and math.isinf(float(hp.is_clip)) and float(hp.prox_ewma) == pytest.approx(0.95)
     hp = learner.hyperparams_from_config(pa.Config())
     assert float(hp.decoupled) == 0.0 and float(hp.is_clip) == 2.0 and float(hp.prox_ewma) == 0.0
-    from ppo_async.sweep import static_key
+    from ppo_async.study.sweep import static_key
 
     # the objective and the scalars are traced; whether an EWMA is kept is static
     assert static_key(pa.Config(ppo=PPO(objective="decoupled", is_clip=4.0))) == static_key(pa.Config())

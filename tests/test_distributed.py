@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async import distributed, launch
+from ppo_async.runtime import distributed, launch
 from ppo_async.config import ConfigError, DistributedConfig
-from ppo_async.rollout import merge_rollout_stats
-from ppo_async.types import RolloutStats, RunningMeanStd
+from ppo_async.core.rollout import merge_rollout_stats
+from ppo_async.core.types import RolloutStats, RunningMeanStd
 
 from conftest import REPO_ROOT, run_module
 
@@ -285,16 +285,18 @@ def test_launch_returns_the_failure_and_every_process_says_why(tmp_path):
 UPDATE_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from ppo_async.xla_flags import apply_cpu_workarounds
+    from ppo_async.runtime.xla_flags import apply_cpu_workarounds
     apply_cpu_workarounds()
     import jax, numpy as np
     process_id, num_processes, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
     import ppo_async as pa
-    from ppo_async import distributed, envs, learner
+    from ppo_async.runtime import distributed
+    from ppo_async import envs
+    from ppo_async.core import learner
     from ppo_async.modes.common import make_contexts
-    from ppo_async.rollout import concat_trajectories, rollout
-    from ppo_async.types import snapshot_of
+    from ppo_async.core.rollout import concat_trajectories, rollout
+    from ppo_async.core.types import snapshot_of
 
     cfg = pa.Config(rollout=pa.RolloutConfig(num_envs=8, num_steps=16), ppo=pa.PPOConfig(num_epochs=3, num_minibatches=1))
     half = pa.Config(rollout=pa.RolloutConfig(num_envs=4, num_steps=16), ppo=pa.PPOConfig(num_epochs=3, num_minibatches=1))

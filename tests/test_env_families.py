@@ -16,12 +16,16 @@ import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async import checkpoint, envs, host_envs, learner, networks, presets
+from ppo_async.run import checkpoint
+from ppo_async import envs
+from ppo_async.core import host_rollout, learner, networks
+from ppo_async.config import presets
 from ppo_async.config import ConfigError, EnvOptions, ThreadedConfig
+from ppo_async.envs.registry import split_env_name
 from ppo_async.modes import threaded as threaded_module
-from ppo_async.rollout import RolloutContext
-from ppo_async.networks import make_actor_critic
-from ppo_async.types import snapshot_of
+from ppo_async.core.rollout import RolloutContext
+from ppo_async.core.networks import make_actor_critic
+from ppo_async.core.types import snapshot_of
 
 TINY = dict(
     rollout=pa.RolloutConfig(num_envs=4, num_steps=8),
@@ -51,11 +55,11 @@ def assert_accounting(config: pa.Config, result: pa.TrainResult) -> None:
 
 
 def test_family_by_prefix():
-    assert pa.config.split_env_name("brax/ant") == ("brax", "ant")
-    assert pa.config.split_env_name("playground/CheetahRun") == ("playground", "CheetahRun")
-    assert pa.config.split_env_name("gymnasium/HalfCheetah-v5") == ("gymnasium", "HalfCheetah-v5")
-    assert pa.config.split_env_name("Pendulum-v1") == ("gymnax", "Pendulum-v1")
-    assert pa.config.split_env_name("MinAtar/Breakout") == ("gymnax", "MinAtar/Breakout")
+    assert split_env_name("brax/ant") == ("brax", "ant")
+    assert split_env_name("playground/CheetahRun") == ("playground", "CheetahRun")
+    assert split_env_name("gymnasium/HalfCheetah-v5") == ("gymnasium", "HalfCheetah-v5")
+    assert split_env_name("Pendulum-v1") == ("gymnax", "Pendulum-v1")
+    assert split_env_name("MinAtar/Breakout") == ("gymnax", "MinAtar/Breakout")
 
 
 # The tests of one family go to one xdist worker: its import (brax ~8 s here) and the eager ops
@@ -172,7 +176,7 @@ def test_brax_threaded_run_keeps_the_accounting():
 # --------------------------------------------------------------------------------------
 
 
-def _host_rollout(num_steps: int, num_envs: int = 3) -> tuple[RolloutContext, host_envs.HostRollout, pa.TrainState]:
+def _host_rollout(num_steps: int, num_envs: int = 3) -> tuple[RolloutContext, host_rollout.HostRollout, pa.TrainState]:
     config = pa.Config(env="gymnasium/Pendulum-v1", mode="threaded",
                        rollout=pa.RolloutConfig(num_envs=num_envs, num_steps=num_steps), ppo=pa.PPOConfig(num_minibatches=1),
                        total_env_steps=num_envs * num_steps)
@@ -182,12 +186,12 @@ def _host_rollout(num_steps: int, num_envs: int = 3) -> tuple[RolloutContext, ho
 
     _, _, learner_ctx = make_contexts(config)
     state = learner.init_train_state(learner_ctx, jax.random.PRNGKey(0), env.obs_shape)
-    return ctx, host_envs.HostRollout(ctx), state
+    return ctx, host_rollout.HostRollout(ctx), state
 
 
 def test_host_rollout_trajectory_matches_the_policy_and_bootstraps_at_the_time_limit():
     ctx, roll, state = _host_rollout(num_steps=205)
-    env = host_envs.HostVectorEnv(ctx.env.env, 3, seed=7)
+    env = host_rollout.HostVectorEnv(ctx.env.env, 3, seed=7)
     try:
         _, traj = roll(snapshot_of(state), env, jax.random.PRNGKey(1))
     finally:
@@ -213,8 +217,8 @@ def test_host_rollout_trajectory_matches_the_policy_and_bootstraps_at_the_time_l
 
 def test_host_samplers_are_seeded_apart():
     ctx, roll, state = _host_rollout(num_steps=4)
-    a, b = host_envs.HostVectorEnv(ctx.env.env, 3, 1), host_envs.HostVectorEnv(ctx.env.env, 3, 2)
-    again = host_envs.HostVectorEnv(ctx.env.env, 3, 1)
+    a, b = host_rollout.HostVectorEnv(ctx.env.env, 3, 1), host_rollout.HostVectorEnv(ctx.env.env, 3, 2)
+    again = host_rollout.HostVectorEnv(ctx.env.env, 3, 1)
     try:
         assert not np.allclose(a.obs, b.obs) and np.allclose(a.obs, again.obs)
         assert len({tuple(row) for row in a.obs}) == 3  # env i is seeded seed + i
@@ -240,7 +244,7 @@ def test_gymnasium_halfcheetah_threaded_run():
 
 def test_a_host_sampler_that_raises_reaches_train_within_5s(monkeypatch):
     calls, raised_at = [0], []
-    real = host_envs.HostVectorEnv.step
+    real = host_rollout.HostVectorEnv.step
 
     def exploding(self, action):
         calls[0] += 1
@@ -249,7 +253,7 @@ def test_a_host_sampler_that_raises_reaches_train_within_5s(monkeypatch):
             raise RuntimeError("simulator crashed")
         return real(self, action)
 
-    monkeypatch.setattr(host_envs.HostVectorEnv, "step", exploding)
+    monkeypatch.setattr(host_rollout.HostVectorEnv, "step", exploding)
     with pytest.raises(threaded_module.ThreadFailure, match=r"(?s)sampler-\d.*simulator crashed"):
         threaded_run("gymnasium/Pendulum-v1", iterations=10_000)
     assert time.perf_counter() - raised_at[0] < 5.0
@@ -269,7 +273,7 @@ def test_presets_fill_only_what_is_not_set():
 
 
 def test_cli_applies_the_preset_under_flags_and_config_file(tmp_path):
-    from ppo_async.cli import parse_train_args
+    from ppo_async.cli.commands import parse_train_args
 
     parsed = parse_train_args(["--env", "brax/inverted_pendulum", "--ppo.gamma", "0.9", "--run-dir", str(tmp_path / "a")])
     preset = presets.preset_for("brax/inverted_pendulum")

@@ -11,7 +11,8 @@ import pytest
 
 from ppo_async import envs
 from ppo_async.config import ConfigError
-from ppo_async.types import RunningMeanStd
+from ppo_async.core.types import RunningMeanStd
+from ppo_async.core import normalization
 
 
 def scan_steps(env, num_envs: int, num_steps: int, seed: int, action_fn):
@@ -229,22 +230,22 @@ def np_moments(x: np.ndarray, obs_ndim: int) -> RunningMeanStd:
 
 
 def test_init_obs_stats_is_identity_normaliser():
-    stats = envs.init_obs_stats((2, 3))
+    stats = normalization.init_obs_stats((2, 3))
     np.testing.assert_array_equal(np.asarray(stats.mean), np.zeros((2, 3)))
     np.testing.assert_array_equal(np.asarray(stats.var), np.ones((2, 3)))
     assert float(stats.count) == 0.0
     obs = jnp.array([[[0.5, -2.0, 3.0], [1.0, 0.0, -7.0]]])
-    np.testing.assert_allclose(np.asarray(envs.normalize_obs(stats, obs, 10.0)), np.asarray(obs), rtol=1e-7)
+    np.testing.assert_allclose(np.asarray(normalization.normalize_obs(stats, obs, 10.0)), np.asarray(obs), rtol=1e-7)
 
 
 def test_batch_moments_equal_numpy():
     rng = np.random.default_rng(0)
     x = rng.normal(3.0, 2.0, size=(5, 4, 3)).astype(np.float32)
-    m = envs.batch_moments(jnp.asarray(x), 1)
+    m = normalization.batch_moments(jnp.asarray(x), 1)
     np.testing.assert_allclose(np.asarray(m.mean), x.reshape(-1, 3).mean(0), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(m.var), x.reshape(-1, 3).var(0), rtol=1e-5)
     assert float(m.count) == 20.0
-    m2 = envs.batch_moments(jnp.asarray(x), 2)  # obs shape (4, 3): reduce over axis 0 only
+    m2 = normalization.batch_moments(jnp.asarray(x), 2)  # obs shape (4, 3): reduce over axis 0 only
     np.testing.assert_allclose(np.asarray(m2.var), x.var(0), rtol=1e-5)
     assert float(m2.count) == 5.0
 
@@ -253,15 +254,15 @@ def test_merge_moments_equals_moments_of_concatenation():
     rng = np.random.default_rng(1)
     a = rng.normal(1.0, 3.0, size=(37, 3))
     b = rng.normal(-4.0, 0.5, size=(11, 3))
-    merged = envs.merge_moments(np_moments(a, 1), np_moments(b, 1))
+    merged = normalization.merge_moments(np_moments(a, 1), np_moments(b, 1))
     both = np.concatenate([a, b])
     np.testing.assert_allclose(np.asarray(merged.mean), both.mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(merged.var), both.var(0), rtol=1e-5)
     assert float(merged.count) == 48.0
     # merging is symmetric and associative (up to rounding)
     c = rng.normal(0.0, 1.0, size=(5, 3))
-    left = envs.merge_moments(envs.merge_moments(np_moments(a, 1), np_moments(b, 1)), np_moments(c, 1))
-    right = envs.merge_moments(np_moments(c, 1), envs.merge_moments(np_moments(b, 1), np_moments(a, 1)))
+    left = normalization.merge_moments(normalization.merge_moments(np_moments(a, 1), np_moments(b, 1)), np_moments(c, 1))
+    right = normalization.merge_moments(np_moments(c, 1), normalization.merge_moments(np_moments(b, 1), np_moments(a, 1)))
     all3 = np.concatenate([a, b, c])
     for m in (left, right):
         np.testing.assert_allclose(np.asarray(m.mean), all3.mean(0), rtol=1e-5, atol=1e-6)
@@ -272,7 +273,7 @@ def test_merge_moments_hand_values():
     # {1, 3} (mean 2, var 1) + {6} (mean 6, var 0) = {1, 3, 6}: mean 10/3, var 38/9
     a = RunningMeanStd(jnp.array([2.0]), jnp.array([1.0]), jnp.array(2.0))
     b = RunningMeanStd(jnp.array([6.0]), jnp.array([0.0]), jnp.array(1.0))
-    m = envs.merge_moments(a, b)
+    m = normalization.merge_moments(a, b)
     np.testing.assert_allclose(np.asarray(m.mean), [10.0 / 3.0], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(m.var), [np.var([1.0, 3.0, 6.0])], rtol=1e-6)
     assert abs(np.var([1.0, 3.0, 6.0]) - 38.0 / 9.0) < 1e-12
@@ -282,12 +283,12 @@ def test_merge_with_zero_count_is_identity():
     rng = np.random.default_rng(2)
     x = rng.normal(5.0, 2.0, size=(9, 3))
     stats = np_moments(x, 1)
-    empty = envs.init_obs_stats((3,))
-    for merged in (envs.merge_moments(empty, stats), envs.merge_moments(stats, empty)):
+    empty = normalization.init_obs_stats((3,))
+    for merged in (normalization.merge_moments(empty, stats), normalization.merge_moments(stats, empty)):
         np.testing.assert_allclose(np.asarray(merged.mean), np.asarray(stats.mean), rtol=1e-6)
         np.testing.assert_allclose(np.asarray(merged.var), np.asarray(stats.var), rtol=1e-6)
         assert float(merged.count) == 9.0
-    both_empty = envs.merge_moments(empty, empty)
+    both_empty = normalization.merge_moments(empty, empty)
     np.testing.assert_array_equal(np.asarray(both_empty.mean), np.zeros(3))
     np.testing.assert_array_equal(np.asarray(both_empty.var), np.ones(3))
     assert float(both_empty.count) == 0.0
@@ -296,14 +297,14 @@ def test_merge_with_zero_count_is_identity():
 def test_normalize_obs_hand_values_and_clipping():
     stats = RunningMeanStd(mean=jnp.array([1.0, -2.0]), var=jnp.array([4.0, 0.25]), count=jnp.array(10.0))
     obs = jnp.array([[3.0, -2.5], [1.0, 100.0], [-100.0, -2.0]])
-    out = np.asarray(envs.normalize_obs(stats, obs, clip=5.0))
+    out = np.asarray(normalization.normalize_obs(stats, obs, clip=5.0))
     # (3 - 1)/2 = 1, (-2.5 + 2)/0.5 = -1; (1 - 1)/2 = 0, (100 + 2)/0.5 = 204 -> 5; (-101)/2 -> -5, 0
     np.testing.assert_allclose(out, [[1.0, -1.0], [0.0, 5.0], [-5.0, 0.0]], rtol=1e-6, atol=1e-7)
     # disabled: the identity, even for values beyond the clip
-    np.testing.assert_array_equal(np.asarray(envs.normalize_obs(stats, obs, 5.0, enabled=False)), np.asarray(obs))
+    np.testing.assert_array_equal(np.asarray(normalization.normalize_obs(stats, obs, 5.0, enabled=False)), np.asarray(obs))
     # zero variance does not divide by zero: 1e-8 is added
     flat = RunningMeanStd(mean=jnp.zeros(1), var=jnp.zeros(1), count=jnp.array(3.0))
-    np.testing.assert_allclose(np.asarray(envs.normalize_obs(flat, jnp.array([[1e-5]]), 10.0)), [[0.1]], rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(normalization.normalize_obs(flat, jnp.array([[1e-5]]), 10.0)), [[0.1]], rtol=1e-4)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The online KL controller (`ppo_async.kl_control`): its law on a synthetic plant without
+"""The online KL controller (`ppo_async.core.kl_control`): its law on a synthetic plant without
 threads, its bounds, and one threaded run that it steers."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async import kl_control
+from ppo_async.core import kl_control
 from ppo_async.config import ConfigError, ThreadedConfig
-from ppo_async.kl_control import ControllerLimits, LagKnobs, decrease, increase, initial_state, step
+from ppo_async.core.kl_control import ControllerLimits, LagKnobs, decrease, increase, initial_state, step
 
 
 class Plant:

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async.losses import categorical_entropy
-from ppo_async.metrics import read_jsonl
-from ppo_async.sweep import load_sweep, save_sweep
+from ppo_async.core.losses import categorical_entropy
+from ppo_async.report.metrics import read_jsonl
+from ppo_async.study.sweep import load_sweep, save_sweep
 
 TINY = dict(env="CartPole-v1", total_env_steps=4 * 64, rollout=pa.RolloutConfig(num_envs=4, num_steps=16),
             ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2))
@@ -231,7 +231,7 @@ def test_categorical_entropy_of_masked_logits_is_the_entropy_of_the_rest():
 
 
 def test_run_health_windows_drops_and_counts_the_kl_streak():
-    from ppo_async.health import RunHealth, first_warnings, short_warning
+    from ppo_async.report.health import RunHealth, first_warnings, short_warning
 
     health = RunHealth(window=2)
     # cumulative counters per iteration: (consumed, dropped)
@@ -265,8 +265,8 @@ def test_mostly_dropped_run_warns_in_rows_and_result():
 
 
 def test_eval_every_logs_the_learners_deterministic_return():
-    from ppo_async.policy import evaluate
-    from ppo_async.recorder import EVAL_SEED_OFFSET
+    from ppo_async.run.policy import evaluate
+    from ppo_async.run.recorder import EVAL_SEED_OFFSET
 
     config = pa.Config(**{**TINY, "total_env_steps": 5 * 64}, num_seeds=2, eval_every=2, eval_episodes=3)
     result = pa.train(config)
@@ -336,7 +336,7 @@ def test_a_sampler_stuck_in_the_env_is_named_in_a_timeout_error(monkeypatch, tmp
 
 
 def test_config_files_accept_dotted_keys_as_well_as_nested_ones(cli_main, tmp_path):
-    from ppo_async.cli import nest_dotted_keys
+    from ppo_async.cli.commands import nest_dotted_keys
 
     assert nest_dotted_keys({"ppo.gamma": 0.9, "ppo": {"clip_eps": 0.1}, "env": "CartPole-v1"}) == \
         {"ppo": {"gamma": 0.9, "clip_eps": 0.1}, "env": "CartPole-v1"}

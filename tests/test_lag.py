@@ -1,4 +1,4 @@
-"""Tests for `ppo_async.lag`: lag schedules (hand-computed and statistical), the
+"""Tests for `ppo_async.core.lag`: lag schedules (hand-computed and statistical), the
 version-schedule file format (JSONL and CSV), replay in the simulated mode and its errors,
 and the refresh rules.
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async import lag as lag_module
-from ppo_async.lag import (
+from ppo_async.core import lag as lag_module
+from ppo_async.core.lag import (
     LagSchedule,
     make_schedule,
     must_force_refresh,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async.aggregate import aggregate_rows
-from ppo_async.metrics import read_jsonl
+from ppo_async.report.aggregate import aggregate_rows
+from ppo_async.report.metrics import read_jsonl
 
 TINY = dict(env="Pendulum-v1", total_env_steps=64 * 10, rollout=pa.RolloutConfig(num_envs=4, num_steps=16),
             ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2), network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)))
@@ -80,7 +80,7 @@ def test_checkpoint_every_must_be_a_multiple_of_log_every():
 
 
 def test_metrics_log_round_trips_rows_compactly():
-    from ppo_async.metrics import MetricsLog
+    from ppo_async.report.metrics import MetricsLog
 
     rows = [{"iteration": 1, "approx_kl": 0.5, "lag_histogram": [1, 2], "warning": "", "episode_return": None},
             {"iteration": 2, "approx_kl": None, "lag_histogram": [3], "warning": "[not a list]", "eval_return": -7.0},
@@ -93,7 +93,7 @@ def test_metrics_log_round_trips_rows_compactly():
 
 
 def test_a_run_with_a_run_dir_holds_no_rows_and_reads_them_back(every_iteration):
-    from ppo_async.metrics import MetricsLog
+    from ppo_async.report.metrics import MetricsLog
 
     result, run_dir = every_iteration
     assert isinstance(result.metrics, MetricsLog) and "metrics.jsonl" in repr(result.metrics)

@@ -1,4 +1,4 @@
-"""Tests for `ppo_async.losses`: hand-computed values, reference loops, clipping properties,
+"""Tests for `ppo_async.core.losses`: hand-computed values, reference loops, clipping properties,
 numerical robustness at extreme ratios, jit/traced hyperparameters, batching and shape checks.
 
 Hand-computed literals are float64 values (worked out in the comments, checked with numpy);
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppo_async import losses
+from ppo_async.core import losses
 
 # Every public function of `losses`, called through `jax.jit`: this checks that all of them
 # trace (hyperparameters such as clip_eps / gamma become traced values; None stays static) and

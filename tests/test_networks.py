@@ -1,4 +1,4 @@
-"""Tests for `ppo_async.networks`: output shapes, parameter counts, std parameterisations,
+"""Tests for `ppo_async.core.networks`: output shapes, parameter counts, std parameterisations,
 and consistency of sample_action / log_prob / entropy / mode_action with the distributions."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppo_async import envs, networks
+from ppo_async.core import networks
 from ppo_async.config import NetworkConfig
-from ppo_async.types import CategoricalDist, GaussianDist
+from ppo_async.core.types import CategoricalDist, GaussianDist
 
 SMALL = NetworkConfig(actor_hidden=(8, 8), critic_hidden=(8, 8))
 

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from ppo_async import plots
-from ppo_async.metrics import JsonlWriter
+from ppo_async.report import plots
+from ppo_async.report.metrics import JsonlWriter
 
 NAN = float("nan")
 
@@ -54,7 +54,7 @@ def three_seeds() -> pd.DataFrame:
 
 
 def test_import_does_not_touch_matplotlib():
-    code = "import sys, ppo_async.plots; assert 'matplotlib' not in sys.modules, 'imported matplotlib'"
+    code = "import sys, ppo_async.report.plots; assert 'matplotlib' not in sys.modules, 'imported matplotlib'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -4,7 +4,6 @@ static field compiles its own."""
 
 from __future__ import annotations
 
-import numpy as np
 
 import ppo_async as pa
 from ppo_async.modes import common

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ppo_async import Config, ConfigError, LagConfig, PPOConfig, RolloutConfig, read_jsonl, resume, train
-from ppo_async.checkpoint import Checkpointer, CheckpointError
-from ppo_async.recorder import LOSS_FIELDS
+from ppo_async.run.checkpoint import Checkpointer, CheckpointError
+from ppo_async.run.recorder import LOSS_FIELDS
 
 from conftest import sigkill_train_when
 
@@ -79,8 +79,8 @@ def test_simulated_resume_is_exact_and_checkpoints_hold_the_run(tmp_path):
 
 
 def ckpt_state_like(run_dir):
-    from ppo_async.registry import get_mode
-    from ppo_async.rundir import read_run_config
+    from ppo_async.modes.registry import get_mode
+    from ppo_async.run.rundir import read_run_config
 
     config = read_run_config(str(run_dir))
     return get_mode(config.mode).checkpoint_like(config)
@@ -93,7 +93,7 @@ def test_resume_errors(tmp_path):
         train(tiny(None), resume=True)
     (tmp_path / "r").mkdir()
     tiny(tmp_path / "r")  # valid config
-    from ppo_async.rundir import write_config
+    from ppo_async.run.rundir import write_config
 
     write_config(str(tmp_path / "r"), tiny(tmp_path / "r"))
     with pytest.raises(CheckpointError, match="no checkpoints"):

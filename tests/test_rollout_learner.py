@@ -1,4 +1,4 @@
-"""Tests for `ppo_async.rollout` and `ppo_async.learner` on tiny Pendulum / CartPole configs.
+"""Tests for `ppo_async.core.rollout` and `ppo_async.core.learner` on tiny Pendulum / CartPole configs.
 
 Rollout: shapes of every transition field, policy versions, behaviour log-probs recomputed,
 observation normalisation and raw-observation moments, episode accounting across a time
@@ -20,11 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppo_async import envs, learner, networks
+from ppo_async import envs
+from ppo_async.core import learner, networks
 from ppo_async.config import Config, NetworkConfig, PPOConfig, RolloutConfig
-from ppo_async.networks import make_actor_critic
-from ppo_async.rollout import RolloutContext, rollout
-from ppo_async.types import (
+from ppo_async.core.networks import make_actor_critic
+from ppo_async.core.rollout import RolloutContext, rollout
+from ppo_async.core.types import (
     GaussianDist,
     PolicySnapshot,
     RolloutStats,
@@ -33,6 +34,7 @@ from ppo_async.types import (
     Transition,
     snapshot_of,
 )
+from ppo_async.core import normalization
 
 T, N = 8, 4  # batch 32
 CONFIG = Config(
@@ -123,7 +125,7 @@ def test_categorical_rollout_shapes():
     net = make_actor_critic(env, NetworkConfig(actor_hidden=(8,), critic_hidden=(8,)))
     ctx = RolloutContext(env=env, network=net, config=RolloutConfig(num_envs=3, num_steps=40))
     params = net.init(jax.random.PRNGKey(0))
-    snapshot = PolicySnapshot(params, envs.init_obs_stats(env.obs_shape), jnp.asarray(2, jnp.int32))
+    snapshot = PolicySnapshot(params, normalization.init_obs_stats(env.obs_shape), jnp.asarray(2, jnp.int32))
     state = envs.reset_envs(env, jax.random.PRNGKey(0), 3)
     _, traj = jax.jit(lambda s, e, k: rollout(ctx, s, e, k))(snapshot, state, jax.random.PRNGKey(1))
     tr = traj.transitions
@@ -364,7 +366,7 @@ def hand_trajectory() -> Trajectory:
         behavior_log_prob=zeros, behavior_dist=GaussianDist(jnp.zeros((3, 2, 1)), jnp.zeros((3, 2, 1))),
         policy_version=jnp.zeros((3, 2), jnp.int32),
     )
-    stats = RolloutStats(jnp.zeros(()), jnp.zeros(()), jnp.zeros(()), envs.init_obs_stats((1,)), jnp.zeros((), jnp.int32))
+    stats = RolloutStats(jnp.zeros(()), jnp.zeros(()), jnp.zeros(()), normalization.init_obs_stats((1,)), jnp.zeros((), jnp.int32))
     return Trajectory(transitions, jnp.array([[4.0], [5.0]]), stats)
 
 

@@ -16,11 +16,12 @@ import optax
 import pytest
 
 import ppo_async as pa
-from ppo_async import learner, rundir
-from ppo_async.checkpoint import Checkpointer, CheckpointError
+from ppo_async.core import learner
+from ppo_async.run import rundir
+from ppo_async.run.checkpoint import Checkpointer, CheckpointError
 from ppo_async.modes.common import metric_rows, over_seeds
 from ppo_async.modes.threaded import IterationTimes, SamplerStats, learner_row, threaded_accounting
-from ppo_async.recorder import RunRecorder
+from ppo_async.run.recorder import RunRecorder
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_async")
 TINY = dict(
@@ -107,24 +108,56 @@ def test_find_cycle_finds_a_planted_circle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_package_has_no_import_circle():
+# The layers, bottom first: a module may import its own layer and the layers below it, never
+# one above (ppo_async/<layer>/__init__.py says what each holds). The package face
+# (ppo_async/__init__.py) and `python -m ppo_async` (__main__) sit above them all.
+LAYERS = ("errors", "envs", "config", "core", "runtime", "report", "run", "modes", "study", "cli")
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of a module `ppo_async.<layer>[.…]`; the face and __main__ are on top."""
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else len(LAYERS)
+
+
+def wrong_way_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, target) pairs where a module imports a layer above its own."""
+    return sorted((m, t) for m, targets in graph.items() for t in targets if layer_of(t) > layer_of(m))
+
+
+def test_wrong_way_imports_finds_a_planted_upward_import():
+    graph = {"ppo_async.core.losses": {"ppo_async.config.sections", "ppo_async.runtime.buffer"},
+             "ppo_async.report.plots": {"ppo_async.report.metrics"}, "ppo_async": {"ppo_async.cli.commands"}}
+    assert wrong_way_imports(graph) == [("ppo_async.core.losses", "ppo_async.runtime.buffer")]
+
+
+def test_the_package_has_no_import_circle_and_imports_only_point_down_the_layers():
     graph = import_graph(PACKAGE)
-    assert "ppo_async.recorder" in graph and "ppo_async.modes.threaded" in graph
-    assert graph["ppo_async.train"] >= {"ppo_async.modes", "ppo_async.registry", "ppo_async.recorder"}
+    assert "ppo_async.run.recorder" in graph and "ppo_async.modes.threaded" in graph
+    assert graph["ppo_async.modes.train"] >= {"ppo_async.modes", "ppo_async.modes.registry", "ppo_async.run.recorder"}
     assert find_cycle(graph) is None, find_cycle(graph)
-    # the leaves stay leaves: nothing below them imports a mode or the dispatcher
-    for leaf in ("ppo_async.result", "ppo_async.rundir", "ppo_async.registry", "ppo_async.policy"):
-        assert not {m for m in graph[leaf] if m.startswith("ppo_async.modes") or m == "ppo_async.train"}, leaf
+    assert wrong_way_imports(graph) == []
+    # every module lives in a layer: the top level holds only the face, __main__ and errors
+    assert {m for m in graph if layer_of(m) == len(LAYERS)} == {"ppo_async", "ppo_async.__main__"}
+    for layer in LAYERS[1:]:
+        init = os.path.join(PACKAGE, layer, "__init__.py")
+        doc = ast.get_docstring(ast.parse(open(init, encoding="utf-8").read()))
+        assert doc and "May import" in doc, layer  # each layer says what it holds and may import
+    # the run shell's leaves stay leaves: nothing in them imports a mode or the dispatcher
+    for leaf in ("ppo_async.run.result", "ppo_async.run.rundir", "ppo_async.modes.registry", "ppo_async.run.policy"):
+        assert not {m for m in graph[leaf] if m.startswith("ppo_async.modes.") and m != "ppo_async.modes.registry"}, leaf
 
 
 def test_mode_files_write_nothing_themselves():
     """Host loops say when; only the recorder opens files, writers and checkpoints."""
     writers = re.compile(r"JsonlWriter|SummaryWriter|Checkpointer|write_schedule\(|\bopen\(|wandb|plot_run|make_tb_writer")
-    for name in os.listdir(os.path.join(PACKAGE, "modes")):
-        if name.endswith(".py"):
-            text = open(os.path.join(PACKAGE, "modes", name), encoding="utf-8").read()
-            hits = [line for line in text.splitlines() if writers.search(line) and "recorder" not in line]
-            assert not hits, (name, hits)
+    modes_dir = os.path.join(PACKAGE, "modes")
+    for folder, _, files in os.walk(modes_dir):
+        for name in files:
+            if name.endswith(".py") and name != "train.py":  # train.py is the dispatcher, not a host loop
+                text = open(os.path.join(folder, name), encoding="utf-8").read()
+                hits = [line for line in text.splitlines() if writers.search(line) and "recorder" not in line]
+                assert not hits, (name, hits)
 
 
 # --------------------------------------------------------------------------------------
@@ -133,7 +166,7 @@ def test_mode_files_write_nothing_themselves():
 
 
 def test_every_mode_is_registered_and_unknown_names_are_clear():
-    assert set(pa.registry.mode_names()) >= {"sync", "simulated", "threaded"}
+    assert set(pa.modes.registry.mode_names()) >= {"sync", "simulated", "threaded"}
     assert pa.get_mode("sync").resumable and not pa.get_mode("threaded").resumable
     with pytest.raises(pa.ConfigError, match=r"mode = 'nope' is not available; registered modes: \['simulated', 'sync', 'threaded'"):
         pa.get_mode("nope")
@@ -159,7 +192,7 @@ def test_a_registered_mode_is_found_by_train(tmp_path):
         object.__setattr__(config, "mode", "echo")  # Config validates the built-in names; the registry is open
         result = pa.train(config)
     finally:
-        pa.registry._MODES.pop("echo")
+        pa.modes.registry._MODES.pop("echo")
     assert result.metrics[0]["samples_dropped"] == 4 and seen["recorder"].config is config
     assert pa.read_jsonl(tmp_path / "r" / "metrics.jsonl") == result.metrics
     assert json.load(open(tmp_path / "r" / "config.json"))["env"] == "Pendulum-v1"
@@ -314,7 +347,7 @@ def test_traced_hyperparameters_are_listed_once():
     for path in learner.TRACED_CONFIG_FIELDS.values():
         pa.config.get_path(config, path)  # every path names a real field
     # sweep groups by everything else: configs differing only in traced fields share a key
-    from ppo_async.sweep import static_key
+    from ppo_async.study.sweep import static_key
 
     a = pa.Config(ppo=pa.PPOConfig(learning_rate=1e-4, clip_eps=0.1), rollout=pa.RolloutConfig(reward_scale=2.0))
     assert static_key(a) == static_key(pa.Config())

@@ -15,17 +15,12 @@ import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async import learner, networks
-from ppo_async.modes.simulated import (
-    make_simulated_program,
-    read_ring,
-    schedule_arrays,
-    simulated_setup,
-)
+from ppo_async.core import learner, networks
+from ppo_async.modes.simulated import make_simulated_program, read_ring, schedule_arrays, simulated_setup
 from ppo_async.modes.common import make_contexts
 from ppo_async.modes.sync import init_runner_state, make_sync_program
-from ppo_async.rollout import rollout
-from ppo_async.types import snapshot_of
+from ppo_async.core.rollout import rollout
+from ppo_async.core.types import snapshot_of
 
 BATCH = 64
 ITERATIONS = 8

@@ -9,8 +9,8 @@ import time
 import pytest
 
 import ppo_async as pa
-from ppo_async.lag import read_schedule
-from ppo_async.metrics import read_jsonl
+from ppo_async.core.lag import read_schedule
+from ppo_async.report.metrics import read_jsonl
 from ppo_async.modes import threaded as threaded_module
 
 from conftest import sigkill_train_when

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import ppo_async as pa
-from ppo_async import analysis, plots
+from ppo_async.report import analysis, plots
 
 NAN = float("nan")
 
@@ -209,7 +209,7 @@ def test_exported_names():
 
 
 def test_mean_ci95_hand_values():
-    from ppo_async.analysis import mean_ci95
+    from ppo_async.report.analysis import mean_ci95
 
     # (1, 2, 3, 4, 5): mean 3, s = sqrt(2.5) = 1.5811, t(0.975, 4) = 2.776 -> 2.776 * 1.5811 / sqrt(5) = 1.9630
     mean, half = mean_ci95([1.0, 2.0, 3.0, 4.0, 5.0])

@@ -1,4 +1,4 @@
-"""`ppo_async.sweep`: one compile per shape group, tidy rows, equality with `train`,
+"""`ppo_async.study.sweep`: one compile per shape group, tidy rows, equality with `train`,
 vmap vs loop, save/load round trip, argument errors.
 
 The 12-config x 2-seed grid runs once per strategy (module fixtures, 4 iterations each).
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async.sweep import expand_grid, static_key
+from ppo_async.study.sweep import expand_grid, static_key
 
 BATCH = 64
 ITERATIONS = 4

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ppo_async as pa
-from ppo_async.metrics import CORE_FIELDS, read_jsonl
+from ppo_async.report.metrics import CORE_FIELDS, read_jsonl
 
 TINY = dict(
     rollout=pa.RolloutConfig(num_envs=4, num_steps=16),

@@ -1,4 +1,4 @@
-"""The tuning recipe (`ppo_async.tune`, `python -m ppo_async tune`): its rules on hand-made
+"""The tuning recipe (`ppo_async.study.tune`, `python -m ppo_async tune`): its rules on hand-made
 measurements, the measurements of a run, and one small end-to-end tune that resumes."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 import ppo_async as pa
-from ppo_async.analysis import run_measurements
-from ppo_async.cli import main, parse_train_args
+from ppo_async.report.analysis import run_measurements
+from ppo_async.cli.commands import main, parse_train_args
 from ppo_async.config import ConfigError, ThreadedConfig
-from ppo_async.tune import best_under_target, buffer_lengths, knee_of, markdown_table, start_config
+from ppo_async.study.tune import best_under_target, buffer_lengths, knee_of, markdown_table, start_config
 
 
 def rows(rates, kls):
@@ -140,7 +140,7 @@ def test_tune_end_to_end_writes_everything_and_resumes(tmp_path, monkeypatch):
     parsed = parse_train_args(["--config", str(out / "chosen_config.json"), "--run-dir", str(tmp_path / "run")])
     assert parsed.cfg.replace(run_dir=None) == result.config
     # resumed on the same directory: nothing runs again, the same choice comes out
-    tune_module = importlib.import_module("ppo_async.tune")  # (ppo_async.tune is the function)
+    tune_module = importlib.import_module("ppo_async.study.tune")  # (ppo_async.study.tune is the function)
     monkeypatch.setattr(tune_module, "train", lambda *a, **k: pytest.fail("a finished run ran again"))
     monkeypatch.setattr(tune_module, "sweep", lambda *a, **k: pytest.fail("the finished replay ran again"))
     again = pa.tune(small_config(), **options)

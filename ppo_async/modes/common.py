@@ -22,15 +22,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async import envs, learner
+from ppo_async import envs
+from ppo_async.core import learner
 from ppo_async.config import HOST_ONLY_FIELDS, Config, config_to_dict
-from ppo_async.learner import Hyperparams, LearnerContext
-from ppo_async.metrics import split_seeds
-from ppo_async.networks import make_actor_critic
-from ppo_async.recorder import RunRecorder
-from ppo_async.result import TrainResult
-from ppo_async.rollout import RolloutContext, rollout
-from ppo_async.types import EnvState, PolicySnapshot, RolloutStats, TrainState
+from ppo_async.core.learner import Hyperparams, LearnerContext
+from ppo_async.report.metrics import split_seeds
+from ppo_async.core.networks import make_actor_critic
+from ppo_async.run.recorder import RunRecorder
+from ppo_async.run.result import TrainResult
+from ppo_async.core.rollout import RolloutContext, rollout
+from ppo_async.core.types import EnvState, PolicySnapshot, RolloutStats, TrainState
 
 
 def rollout_metrics(stats: RolloutStats) -> dict[str, chex.Array]:

@@ -23,10 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async import envs, learner
+from ppo_async import envs
+from ppo_async.core import learner
 from ppo_async.config import Config
-from ppo_async.lag import LagSchedule, make_schedule, num_samplers_of
-from ppo_async.learner import Hyperparams, LearnerContext, SgdSlots, hyperparams_from_config
+from ppo_async.core.lag import LagSchedule, make_schedule, num_samplers_of
+from ppo_async.core.learner import Hyperparams, LearnerContext, SgdSlots, hyperparams_from_config
 from ppo_async.modes.common import (
     JittedProgram,
     jitted_checkpoint_like,
@@ -36,9 +37,9 @@ from ppo_async.modes.common import (
     run_jitted,
     sampler_env_key,
 )
-from ppo_async.registry import Mode, register_mode
-from ppo_async.rollout import RolloutContext
-from ppo_async.types import EnvState, PolicySnapshot, TrainState, snapshot_of
+from ppo_async.modes.registry import Mode, register_mode
+from ppo_async.core.rollout import RolloutContext
+from ppo_async.core.types import EnvState, PolicySnapshot, TrainState, snapshot_of
 
 
 class SimState(NamedTuple):

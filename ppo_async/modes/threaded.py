@@ -13,7 +13,7 @@ and full_policy "block", a sampler starts a rollout only while fewer than
 `(max_lag + 1) * chunks_per_batch` chunks are resident (a chunk made behind more would be
 stale when consumed): the freshness bound is also the buffer's effective depth.
 
-`threaded.kl_target` turns on the online KL controller (`ppo_async.kl_control`): after each
+`threaded.kl_target` turns on the online KL controller (`ppo_async.core.kl_control`): after each
 learner iteration it may pause or resume samplers and move `refresh_lag` and `max_lag` (the
 samplers read `RunShared.knobs`, the learner's stale filter gets the new max_lag); its
 state is in the `controller_*` metrics.
@@ -47,19 +47,21 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from ppo_async import distributed, envs, host_envs, kl_control, learner
-from ppo_async.buffer import RingBuffer
+from ppo_async.runtime import distributed
+from ppo_async import envs
+from ppo_async.core import host_rollout, kl_control, learner
+from ppo_async.runtime.buffer import RingBuffer
 from ppo_async.config import Config, ConfigError, DistributedFailure, config_to_dict
-from ppo_async.lag import must_force_refresh, schedule_record, should_refresh
-from ppo_async.learner import LEARNER_AXIS, hyperparams_from_config
-from ppo_async.metrics import NonFiniteError, to_python
+from ppo_async.core.lag import must_force_refresh, schedule_record, should_refresh
+from ppo_async.core.learner import LEARNER_AXIS, hyperparams_from_config
+from ppo_async.report.metrics import NonFiniteError, to_python
 from ppo_async.modes.common import clear_jitted_cache, make_contexts, rollout_metrics, sampler_env_key
-from ppo_async.param_store import ParamStore
-from ppo_async.recorder import RunRecorder
-from ppo_async.registry import Mode, register_mode
-from ppo_async.result import TrainResult
-from ppo_async.rollout import concat_trajectories, rollout
-from ppo_async.types import TrainState, snapshot_of
+from ppo_async.runtime.param_store import ParamStore
+from ppo_async.run.recorder import RunRecorder
+from ppo_async.modes.registry import Mode, register_mode
+from ppo_async.run.result import TrainResult
+from ppo_async.core.rollout import concat_trajectories, rollout
+from ppo_async.core.types import TrainState, snapshot_of
 
 JOIN_TIMEOUT_S = 10.0
 POLL_S = 0.1  # slice of every blocking wait, so a stop request is seen within this time
@@ -694,7 +696,7 @@ class ThreadedSetup:
     train_state: TrainState  # on the learner devices
     learner_key: jax.Array
     hparams: Any
-    env_states: list  # one per sampler: on its device, or a host_envs.HostVectorEnv (Gymnasium)
+    env_states: list  # one per sampler: on its device, or a host_rollout.HostVectorEnv (Gymnasium)
     sampler_keys: list
     example: Any  # one rollout chunk on the buffer device
     compile_seconds: float
@@ -777,8 +779,8 @@ def threaded_programs(config: Config, placement: Placement, lag_buckets: int) ->
     update, place_state, place_trajectory = make_learner_update(config, placement, lag_buckets)
     num_envs, env = config.rollout.num_envs, rollout_ctx.env
     if env.host_side:  # Gymnasium: each sampler steps its own vector env on the host
-        rollout_fn: Callable = host_envs.HostRollout(rollout_ctx)
-        reset: Callable = lambda k: host_envs.HostVectorEnv(env.env, num_envs, host_envs.seed_of(k))  # noqa: E731
+        rollout_fn: Callable = host_rollout.HostRollout(rollout_ctx)
+        reset: Callable = lambda k: host_rollout.HostVectorEnv(env.env, num_envs, host_rollout.seed_of(k))  # noqa: E731
     else:
         rollout_fn = jax.jit(lambda snap, es, k: rollout(rollout_ctx, snap, es, k))
         reset = jax.jit(lambda k: envs.reset_envs(env, k, num_envs))
@@ -852,7 +854,7 @@ def make_threaded_setup(config: Config) -> ThreadedSetup:
     train_state = place_state(programs.init(param_key))
     hparams, run_key = place_state(hyperparams_from_config(config)), place_state(run_key)
     devices = placement.sampler_devices
-    host_side = isinstance(programs.rollout_fn, host_envs.HostRollout)
+    host_side = isinstance(programs.rollout_fn, host_rollout.HostRollout)
     keys = jax.random.split(sampler_key, tcfg.num_samplers)
     sampler_keys = [jax.device_put(k, devices[s]) for s, k in enumerate(keys)]
     if host_side:
@@ -925,7 +927,7 @@ def close_host_envs(setup: ThreadedSetup, threads: Sequence[threading.Thread]) -
     """Closes the samplers' host-side simulators (Gymnasium); a sampler thread still running
     after the join timeout keeps its own, which the process exit closes."""
     for state, thread in zip(setup.env_states, threads):
-        if isinstance(state, host_envs.HostVectorEnv) and not thread.is_alive():
+        if isinstance(state, host_rollout.HostVectorEnv) and not thread.is_alive():
             state.close()
 
 

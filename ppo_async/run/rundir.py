@@ -3,7 +3,7 @@
 A run directory holds `config.json` (the resolved config), `metrics.jsonl` (one row per
 seed x learner iteration), `checkpoints/` (orbax steps), `tb/` (TensorBoard events), the lag
 or version schedule (`lag_schedule.jsonl` / `version_schedule.jsonl`) and the PNG plots.
-`RunRecorder` (ppo_async.recorder) is the only writer; this module is the leaf it and the
+`RunRecorder` (ppo_async.run.recorder) is the only writer; this module is the leaf it and the
 readers (`load`, `resume`, `plot`) share.
 """
 
@@ -14,9 +14,9 @@ import os
 import shutil
 from typing import Any
 
-from ppo_async.checkpoint import Checkpointer, CheckpointError
+from ppo_async.run.checkpoint import Checkpointer, CheckpointError
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict
-from ppo_async.metrics import read_jsonl
+from ppo_async.report.metrics import read_jsonl
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"

@@ -32,10 +32,10 @@ LAST_FIELDS = (
     "sampler_rollout_s", "sampler_wait_params_s", "sampler_wait_buffer_s", "sampler_wait_space_s", "sampler_write_s",
     "sampler_latency_s", "sampler_forced_refreshes", "sampler_paused_s", "dropped_fraction_window", "kl_high_streak",
     "warning",
-    # the KL controller's state after the window's last iteration (`ppo_async.kl_control`)
+    # the KL controller's state after the window's last iteration (`ppo_async.core.kl_control`)
     "controller_kl_mean", "controller_active_samplers", "controller_refresh_lag", "controller_max_lag",
     "controller_action", "controller_adjustments",
-    # several processes (`ppo_async.distributed.global_row`): per-process running totals
+    # several processes (`ppo_async.runtime.distributed.global_row`): per-process running totals
     "process_samples_produced", "process_samples_consumed", "process_samples_dropped", "process_samples_resident",
     "process_dropped_forced_refresh", "process_dropped_overwritten", "process_dropped_stale_total",
 )

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from ppo_async.health import short_warning
+from ppo_async.report.health import short_warning
 
 # Columns every mode writes (DESIGN.md vocabulary). Later modes add their own.
 CORE_FIELDS = (

@@ -1,6 +1,6 @@
 """A trained policy read back from a run directory, and deterministic evaluation.
 
-`ppo_async.load(run_dir)` (in `ppo_async.train`) returns a `Policy` read from a run's
+`ppo_async.load(run_dir)` (in `ppo_async.modes.train`) returns a `Policy` read from a run's
 checkpoint, `TrainResult.policy(i)` one from a finished run. `evaluate(policy, num_episodes)`
 plays whole episodes, vmapped and jitted, acting on raw observations normalised with the
 policy's statistics.
@@ -16,11 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async import envs, host_envs
+from ppo_async import envs
+from ppo_async.core import host_rollout
 from ppo_async.config import Config, ConfigError
 from ppo_async.envs import Env
-from ppo_async.networks import ActorCritic, make_actor_critic, mode_action, sample_action
-from ppo_async.types import RunningMeanStd
+from ppo_async.core.networks import ActorCritic, make_actor_critic, mode_action, sample_action
+from ppo_async.core.types import RunningMeanStd
+from ppo_async.core import normalization
 
 __all__ = ["Policy", "evaluate"]
 
@@ -79,7 +81,7 @@ class Policy:
 
     def _act_impl(self, params: Any, obs_stats: RunningMeanStd, obs: chex.Array, key: chex.PRNGKey | None) -> chex.Array:
         rc = self.config.rollout
-        dist, _ = self.network.apply(params, envs.normalize_obs(obs_stats, jnp.asarray(obs, jnp.float32), rc.obs_clip, rc.normalize_obs))
+        dist, _ = self.network.apply(params, normalization.normalize_obs(obs_stats, jnp.asarray(obs, jnp.float32), rc.obs_clip, rc.normalize_obs))
         return mode_action(dist) if key is None else sample_action(key, dist)
 
     def act(self, obs: chex.Array, key: chex.PRNGKey | None = None) -> chex.Array:
@@ -104,7 +106,7 @@ def episodes_program(policy: Policy, num_episodes: int, deterministic: bool = Tr
         raise ConfigError(f"num_episodes = {num_episodes!r} is invalid: must be an integer >= 1")
     env = policy.env
     if env.host_side:  # Gymnasium: stepped on the host, not jittable
-        return host_envs.host_episodes_program(policy, num_episodes, deterministic, max_steps)
+        return host_rollout.host_episodes_program(policy, num_episodes, deterministic, max_steps)
     if max_steps is None:
         max_steps = int(getattr(env.params, "max_steps_in_episode", 1000))
     clip = policy.config.rollout.clip_actions

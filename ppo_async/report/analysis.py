@@ -453,7 +453,7 @@ def summarize(result_or_dataframe, threshold: float | None = None, by_seed: bool
     Args:
       result_or_dataframe: a `TrainResult` (its `.to_dataframe()` is used), the metrics rows
         of one run (`metrics.jsonl` / `TrainResult.to_dataframe()`, one row per seed x
-        iteration), or a sweep DataFrame (`ppo_async.sweep` / `load_sweep`: `config_id`, one
+        iteration), or a sweep DataFrame (`ppo_async.study.sweep` / `load_sweep`: `config_id`, one
         column per grid key (named by `df.attrs["grid"]`), `seed`, metrics). Rows without a
         `seed` column are one seed.
       threshold: a return to reach; adds `steps_to_threshold_median` and `reached`.

@@ -26,69 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async import envs, networks
-from ppo_async.rollout import RolloutContext
-from ppo_async.types import PolicySnapshot, RolloutStats, Trajectory, Transition
-
-
-def seed_of(key: chex.PRNGKey) -> int:
-    """A Gymnasium seed (int in [0, 2**31 - 1)) drawn from a JAX key (one per sampler)."""
-    return int(jax.random.randint(key, (), 0, 2**31 - 1))
-
-
-class HostVectorEnv:
-    """One sampler's Gymnasium vector env and the running episode accumulators.
-
-    Mutable and owned by one sampler thread. Env i of a sampler is seeded `seed + i`
-    (Gymnasium's vector reset), so samplers with different seeds step different episodes.
-
-    Attributes:
-      vec: `gymnasium.vector.SyncVectorEnv` with same-step auto-reset.
-      obs: `[N, O...]` float32 raw observation to act on next.
-      episode_return, episode_length: `[N]` of the running episodes.
-    """
-
-    def __init__(self, spec: envs.GymnasiumSpec, num_envs: int, seed: int) -> None:
-        import gymnasium
-        from gymnasium.vector import AutoresetMode, SyncVectorEnv
-
-        self.spec = spec
-        self.vec = SyncVectorEnv([lambda: gymnasium.make(spec.env_id) for _ in range(num_envs)],
-                                 autoreset_mode=AutoresetMode.SAME_STEP)
-        obs, _ = self.vec.reset(seed=seed)
-        self.obs = np.asarray(obs, np.float32)
-        self.episode_return = np.zeros((num_envs,), np.float64)
-        self.episode_length = np.zeros((num_envs,), np.int64)
-
-    @property
-    def num_envs(self) -> int:
-        return self.obs.shape[0]
-
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Steps every env; returns `(reward, terminated, truncated, final_obs, finished_return,
-        finished_length)`, each `[N, ...]` (final_obs: the observation reached, before any reset)."""
-        obs, reward, terminated, truncated, info = self.vec.step(action)
-        obs = np.asarray(obs, np.float32)
-        reward = np.asarray(reward, np.float32).reshape(self.num_envs)
-        terminated = np.asarray(terminated, bool).reshape(self.num_envs)
-        truncated = np.asarray(truncated, bool).reshape(self.num_envs) & ~terminated
-        done = terminated | truncated
-        final_obs = obs.copy()
-        if done.any():
-            mask = np.asarray(info.get("_final_obs", done), bool)
-            for i in np.flatnonzero(mask):
-                final_obs[i] = np.asarray(info["final_obs"][i], np.float32)
-        self.episode_return += reward
-        self.episode_length += 1
-        finished_return = np.where(done, self.episode_return, 0.0).astype(np.float32)
-        finished_length = np.where(done, self.episode_length, 0).astype(np.int32)
-        self.episode_return[done] = 0.0
-        self.episode_length[done] = 0
-        self.obs = obs
-        return reward, terminated, truncated, final_obs, finished_return, finished_length
-
-    def close(self) -> None:
-        self.vec.close()
+from ppo_async.core import networks, normalization
+from ppo_async.core.rollout import RolloutContext
+from ppo_async.core.types import PolicySnapshot, RolloutStats, Trajectory, Transition
+from ppo_async.envs import base as envs
+from ppo_async.envs.gymnasium import HostVectorEnv, seed_of  # noqa: F401  (the sampler's env, re-exported)
 
 
 def act(ctx: RolloutContext, snapshot: PolicySnapshot, raw_obs: chex.Array, key: chex.PRNGKey) -> tuple[Any, ...]:
@@ -97,7 +39,6 @@ def act(ctx: RolloutContext, snapshot: PolicySnapshot, raw_obs: chex.Array, key:
     dist, _ = ctx.network.apply(snapshot.params, ctx.policy_input(snapshot, raw_obs))
     action = networks.sample_action(key, dist)
     return action, networks.log_prob(dist, action), dist
-
 
 def assemble(
     ctx: RolloutContext, snapshot: PolicySnapshot, raw_obs: chex.Array, action: chex.Array,
@@ -129,11 +70,10 @@ def assemble(
         episode_return_sum=jnp.sum(finished_return),
         episode_length_sum=jnp.sum(finished_length).astype(jnp.float32),
         episode_count=jnp.sum(finished_length > 0).astype(jnp.float32),
-        obs_moments=envs.batch_moments(raw_obs, len(ctx.env.obs_shape)),
+        obs_moments=normalization.batch_moments(raw_obs, len(ctx.env.obs_shape)),
         nonfinite_count=nonfinite.astype(jnp.int32),
     )
     return Trajectory(transitions=transitions, last_obs=ctx.policy_input(snapshot, last_obs), stats=stats)
-
 
 @dataclass(frozen=True)
 class HostRollout:
@@ -184,7 +124,6 @@ class HostRollout:
         zeros = self._zeros(snapshot)
         jax.block_until_ready(self._act(snapshot, zeros[-3], jax.random.PRNGKey(0)))
         return self._assemble(snapshot, *zeros)
-
 
 def host_episodes_program(policy: Any, num_episodes: int, deterministic: bool, max_steps: int | None) -> Any:
     """`policy.episodes_program` for a host-side env: a `(params, obs_stats, seed) -> (returns

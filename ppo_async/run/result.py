@@ -7,9 +7,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ppo_async import analysis
+from ppo_async.report import analysis
 from ppo_async.config import Config
-from ppo_async.policy import Policy
+from ppo_async.run.policy import Policy
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Programmatic sweeps over lag and PPO knobs, one compile per group of shape-compatible configs.
 
-    df = ppo_async.sweep(
+    df = ppo_async.study.sweep(
         config,
         grid={"lag.K": [0, 2, 8], "ppo.dual_clip": [None, 3.0], "ppo.clip_eps": [0.2, 0.1]},
         seeds=3,                 # or an explicit list of seeds
@@ -44,12 +44,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
-from ppo_async.lag import make_schedule, num_samplers_of
-from ppo_async.learner import SGD_SHAPE_FIELDS, hyperparams_from_config, sgd_slots_of, without_traced_fields
+from ppo_async.core.lag import make_schedule, num_samplers_of
+from ppo_async.core.learner import (
+    SGD_SHAPE_FIELDS,
+    hyperparams_from_config,
+    sgd_slots_of,
+    without_traced_fields,
+)
 from ppo_async.modes.common import over_seeds, run_iterations
 from ppo_async.modes.simulated import make_simulated_program, schedule_arrays
 from ppo_async.modes.threaded import lag_buckets_of, program_key, resolve_placement, run_threaded
-from ppo_async.recorder import RunRecorder
+from ppo_async.run.recorder import RunRecorder
 
 STRATEGIES = ("auto", "vmap", "loop")
 

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ppo_async import analysis
+from ppo_async.report import analysis
 
 __all__ = [
     "learning_curve",
@@ -807,7 +807,7 @@ def run_frames(run_dir: str | os.PathLike, what: str = "run_frames") -> tuple[pd
 
     Raises FileNotFoundError when there is no metrics.jsonl, ValueError when it has no rows.
     """
-    from ppo_async.metrics import iter_jsonl
+    from ppo_async.report.metrics import iter_jsonl
 
     metrics_path = _metrics_path(run_dir, what)
     curves = _Curves(max(1, math.ceil(_count_rows(metrics_path) / MAX_CURVE_POINTS)))
@@ -841,7 +841,7 @@ def read_run_metrics(run_dir: str | os.PathLike, what: str = "read_run_metrics",
 
     Raises FileNotFoundError when there is no metrics.jsonl, ValueError when it has no rows.
     """
-    from ppo_async.metrics import read_jsonl
+    from ppo_async.report.metrics import read_jsonl
 
     metrics_path = _metrics_path(run_dir, what)
     df = pd.DataFrame(read_jsonl(metrics_path, columns))

@@ -1,9 +1,8 @@
-"""Environments by name, vectorised reset/step with episode statistics, and running
-observation normalisation.
+"""Environments by name, vectorised reset/step with episode statistics.
 
 Pure functions over `EnvState` (N envs); `Env` bundles a gymnax-style env with its params
 and a description of its spaces. Names choose the family by prefix: gymnax names as they
-are, `brax/<name>` and `playground/<name>` (wrapped by `jax_envs.PhysicsEnv` behind the same
+are, `brax/<name>` and `playground/<name>` (wrapped by `physics.PhysicsEnv` behind the same
 gymnax interface, so every mode runs them inside the jitted rollout), and `gymnasium/<id>`
 (host-side simulators stepped by each sampler thread: `host_envs`, threaded mode only). Every env in a batch gets its own PRNG key, derived from the
 caller's key, so seeds are distinct and reproducible.
@@ -12,16 +11,25 @@ caller's key, so seeds are distinct and reproducible.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async import jax_envs
-from ppo_async.config import ConfigError, EnvOptions, check_env_name, split_env_name
-from ppo_async.types import EnvState, RunningMeanStd
+import ppo_async.envs.physics as physics
+from ppo_async.envs.registry import check_env_name, split_env_name
+from ppo_async.errors import ConfigError
+
+
+class EnvState(NamedTuple):
+    """State of N vectorised environments plus per-env episode accumulators."""
+
+    env_state: Any  # gymnax state, leaves [N, ...]
+    obs: chex.Array  # [N, O...] raw observation
+    episode_return: chex.Array  # [N] float32 return so far of the running episode
+    episode_length: chex.Array  # [N] int32
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,7 @@ class Env:
 
     Attributes:
       name: the env name as configured (e.g. "Pendulum-v1", "brax/hopper").
-      env: the gymnax(-style) environment object (`jax_envs.PhysicsEnv` for brax and
+      env: the gymnax(-style) environment object (`physics.PhysicsEnv` for brax and
         playground, `host_envs.HostEnvSpec` for gymnasium, which has no jittable step).
       params: its `EnvParams`.
       obs_shape: observation shape `O...`.
@@ -68,18 +76,25 @@ class Env:
         return self.family == "gymnasium"
 
 
-def make_env(name: str, options: EnvOptions | None = None) -> Env:
+class PhysicsOptions(Protocol):
+    """What `make_env` reads of its options (`ppo_async.config.EnvOptions` is one)."""
+
+    backend: str | None
+    episode_length: int | None
+
+
+def make_env(name: str, options: PhysicsOptions | None = None) -> Env:
     """Builds an env by name (family by prefix, see the module docstring) with its options.
 
     Unknown names raise ConfigError listing the known ones; a missing optional family names
     the pip extra to install.
     """
     check_env_name(name)
-    options = options or EnvOptions()
     family, task = split_env_name(name)
     if family in ("brax", "playground"):
-        build = jax_envs.make_brax if family == "brax" else jax_envs.make_playground
-        sim, params = build(task, options.backend, options.episode_length)
+        build = physics.make_brax if family == "brax" else physics.make_playground
+        backend, episode_length = (options.backend, options.episode_length) if options else (None, None)
+        sim, params = build(task, backend, episode_length)
         shape = (sim.action_size,)
         return Env(name, sim, params, (sim.obs_size,), False, 0, shape, sim.action_low, sim.action_high)
     if family == "gymnasium":
@@ -90,7 +105,6 @@ def make_env(name: str, options: EnvOptions | None = None) -> Env:
     env, params = gymnax.make(name)
     obs_shape = tuple(env.observation_space(params).shape)
     return _env_of_space(name, env, params, obs_shape, env.action_space(params), spaces.Discrete, spaces.Box)
-
 
 def _env_of_space(name: str, env: Any, params: Any, obs_shape: tuple[int, ...], space: Any,
                   discrete: type, box: type) -> Env:
@@ -104,7 +118,6 @@ def _env_of_space(name: str, env: Any, params: Any, obs_shape: tuple[int, ...], 
         return Env(name, env, params, obs_shape, False, 0, shape, low, high)
     raise ConfigError(f"env = {name!r}: action space {type(space).__name__} is not supported")
 
-
 @dataclass(frozen=True)
 class GymnasiumSpec:
     """What identifies a host-side Gymnasium env: its registered id (each sampler thread
@@ -117,7 +130,6 @@ class GymnasiumSpec:
 
     env_id: str
     max_steps_in_episode: int
-
 
 def _gymnasium_env(name: str, env_id: str) -> Env:
     """An `Env` describing Gymnasium env `env_id` (one instance is made to read its spaces)."""
@@ -139,7 +151,6 @@ def _gymnasium_env(name: str, env_id: str) -> Env:
     spec = GymnasiumSpec(env_id, int(limit or 1000))
     return _env_of_space(name, spec, spec, tuple(obs_space.shape), space, spaces.Discrete, spaces.Box)
 
-
 def _strongly_typed(tree: Any) -> Any:
     """Casts every leaf to a strongly-typed array of its own dtype.
 
@@ -147,7 +158,6 @@ def _strongly_typed(tree: Any) -> Any:
     a jitted rollout started from a fresh reset recompile on its second call.
     """
     return jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), tree)
-
 
 def reset_envs(env: Env, key: chex.PRNGKey, num_envs: int) -> EnvState:
     """Resets `num_envs` envs, each with its own key. Returns `EnvState` with leaves `[N, ...]`."""
@@ -160,7 +170,6 @@ def reset_envs(env: Env, key: chex.PRNGKey, num_envs: int) -> EnvState:
         episode_length=jnp.zeros((num_envs,), jnp.int32),
     )
 
-
 class EnvStep(NamedTuple):
     """What stepping N envs returns (all `[N, ...]`)."""
 
@@ -172,13 +181,11 @@ class EnvStep(NamedTuple):
     finished_return: chex.Array  # [N] return of the episode that ended here, else 0
     finished_length: chex.Array  # [N] int32 its length, else 0
 
-
 def env_action(env: Env, action: chex.Array, clip_actions: bool) -> chex.Array:
     """The action handed to gymnax: clipped to the bounds for continuous control if asked."""
     if env.discrete or not clip_actions:
         return action
     return jnp.clip(action, env.action_low, env.action_high)
-
 
 def step_envs(
     env: Env, state: EnvState, action: chex.Array, key: chex.PRNGKey, clip_actions: bool = True
@@ -223,50 +230,3 @@ def step_envs(
         episode_length=jnp.where(done, 0, episode_length),
     )
     return next_state, step
-
-
-# --------------------------------------------------------------------------------------
-# Observation normalisation
-# --------------------------------------------------------------------------------------
-
-
-def init_obs_stats(obs_shape: tuple[int, ...]) -> RunningMeanStd:
-    """Statistics of no data: mean 0, var 1, count 0 (normalisation is the identity at first)."""
-    return RunningMeanStd(
-        mean=jnp.zeros(obs_shape, jnp.float32),
-        var=jnp.ones(obs_shape, jnp.float32),
-        count=jnp.zeros((), jnp.float32),
-    )
-
-
-def batch_moments(obs: chex.Array, obs_ndim: int) -> RunningMeanStd:
-    """Mean, (population) variance and count of a batch `[..., O...]` over its leading axes."""
-    axes = tuple(range(obs.ndim - obs_ndim))
-    count = float(np.prod([obs.shape[a] for a in axes]))
-    return RunningMeanStd(
-        mean=jnp.mean(obs, axis=axes),
-        var=jnp.var(obs, axis=axes),
-        count=jnp.asarray(count, jnp.float32),
-    )
-
-
-def merge_moments(a: RunningMeanStd, b: RunningMeanStd) -> RunningMeanStd:
-    """Combines two sets of moments (parallel algorithm of Chan, Golub & LeVeque 1979).
-
-    Merging with a zero-count side returns the other side unchanged.
-    """
-    total = a.count + b.count
-    safe_total = jnp.maximum(total, 1.0)
-    delta = b.mean - a.mean
-    mean = a.mean + delta * b.count / safe_total
-    m2 = a.var * a.count + b.var * b.count + jnp.square(delta) * a.count * b.count / safe_total
-    var = jnp.where(total > 0, m2 / safe_total, 1.0)
-    # With no data at all keep the identity normaliser.
-    return RunningMeanStd(mean=jnp.where(total > 0, mean, 0.0), var=var, count=total)
-
-
-def normalize_obs(stats: RunningMeanStd, obs: chex.Array, clip: float, enabled: bool = True) -> chex.Array:
-    """(obs - mean) / sqrt(var + 1e-8), clipped to [-clip, clip]; identity when disabled."""
-    if not enabled:
-        return obs
-    return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + 1e-8), -clip, clip)

@@ -24,10 +24,11 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ppo_async import envs, losses, networks
+from ppo_async.core import losses, networks
 from ppo_async.config import Config, get_path
-from ppo_async.networks import ActorCritic
-from ppo_async.types import TrainState, Trajectory
+from ppo_async.core.networks import ActorCritic
+from ppo_async.core.types import TrainState, Trajectory
+from ppo_async.core import normalization
 
 
 class Hyperparams(NamedTuple):
@@ -198,7 +199,7 @@ def init_train_state(ctx: LearnerContext, key: chex.PRNGKey, obs_shape: tuple[in
     return TrainState(
         params=params,
         opt_state=ctx.optimizer().init(params),
-        obs_stats=envs.init_obs_stats(obs_shape),
+        obs_stats=normalization.init_obs_stats(obs_shape),
         version=jnp.zeros((), jnp.int32),
         sgd_steps=jnp.zeros((), jnp.int32),
         env_steps=jnp.zeros((), jnp.int32),
@@ -614,7 +615,7 @@ def ppo_update(
     obs_stats = state.obs_stats
     if ctx.normalize_obs:
         # `trajectory.stats` describes the whole rollout (replicated under data parallelism).
-        obs_stats = envs.merge_moments(obs_stats, trajectory.stats.obs_moments)
+        obs_stats = normalization.merge_moments(obs_stats, trajectory.stats.obs_moments)
     consumed = jnp.sum(batch.weight).astype(jnp.int32)
     if ctx.axis_name is not None:
         consumed = jax.lax.psum(consumed, ctx.axis_name)

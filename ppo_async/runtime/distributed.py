@@ -35,9 +35,9 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ppo_async.config import Config, ConfigError, DistributedConfig, DistributedFailure
-from ppo_async.learner import data_parallel_update, learner_mesh, trajectory_partition
-from ppo_async.rollout import merge_rollout_stats
-from ppo_async.types import RolloutStats, Trajectory
+from ppo_async.core.learner import data_parallel_update, learner_mesh, trajectory_partition
+from ppo_async.core.rollout import merge_rollout_stats
+from ppo_async.core.types import RolloutStats, Trajectory
 
 KEY_PREFIX = "ppo_async/"
 POLL_S = 0.05
@@ -118,7 +118,7 @@ def initialize(d: DistributedConfig) -> DistributedConfig:
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(
             f"distributed.coordinator_address = {d.coordinator_address!r}: joining {d.num_processes} processes as "
-            f"process {d.process_id} failed: {exc} (from Python, call ppo_async.distributed.initialize(config.distributed) "
+            f"process {d.process_id} failed: {exc} (from Python, call ppo_async.runtime.distributed.initialize(config.distributed) "
             "before anything imports gymnax or runs JAX)"
         ) from exc
     finally:

@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async import losses
+from ppo_async.core import losses
 from ppo_async.config import NetworkConfig
 from ppo_async.envs import Env
-from ppo_async.types import CategoricalDist, Dist, GaussianDist
+from ppo_async.core.types import CategoricalDist, Dist, GaussianDist
 
 _ACTIVATIONS: dict[str, Callable[[chex.Array], chex.Array]] = {
     "tanh": jnp.tanh,

@@ -11,6 +11,8 @@ from typing import Any, NamedTuple
 import chex
 import jax.numpy as jnp
 
+from ppo_async.envs.base import EnvState  # noqa: F401  (re-exported: the state of N envs)
+
 
 class GaussianDist(NamedTuple):
     """Diagonal Gaussian policy output."""
@@ -71,15 +73,6 @@ class Trajectory(NamedTuple):
     transitions: Transition  # [T, N, ...]
     last_obs: chex.Array  # [N, O...] normalised policy input of s_T
     stats: RolloutStats
-
-
-class EnvState(NamedTuple):
-    """State of N vectorised environments plus per-env episode accumulators."""
-
-    env_state: Any  # gymnax state, leaves [N, ...]
-    obs: chex.Array  # [N, O...] raw observation
-    episode_return: chex.Array  # [N] float32 return so far of the running episode
-    episode_length: chex.Array  # [N] int32
 
 
 class TrainState(NamedTuple):

@@ -1,4 +1,4 @@
-"""The tuning recipe of asynchronous PPO as one call: `ppo_async.tune(config)` and
+"""The tuning recipe of asynchronous PPO as one call: `ppo_async.study.tune(config)` and
 `python -m ppo_async tune`.
 
 The field's fixed order (README "Tuning"):
@@ -49,12 +49,13 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from ppo_async import plots, presets
-from ppo_async.analysis import run_measurements, summarize
+from ppo_async.report import plots
+from ppo_async.config import presets
+from ppo_async.report.analysis import run_measurements, summarize
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
-from ppo_async.lag import write_schedule
-from ppo_async.sweep import sweep
-from ppo_async.train import train
+from ppo_async.core.lag import write_schedule
+from ppo_async.study.sweep import sweep
+from ppo_async.modes.train import train
 
 KNEE_GAIN = 0.5
 """Step 2: a sampler count passes when it adds at least this fraction of the first sampler's throughput."""

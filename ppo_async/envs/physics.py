@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppo_async.config import ConfigError
+from ppo_async.errors import ConfigError
 
 # Brax backends that ran best on CPU per env (MEASURED.md, steps/s at 16 and 256 envs);
 # an env not listed uses brax's own default ("generalized").

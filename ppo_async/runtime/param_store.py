@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from ppo_async.types import PolicySnapshot
+from ppo_async.core.types import PolicySnapshot
 
 
 class ParamStore:

@@ -1,6 +1,6 @@
 """`train(config)`, `resume(run_dir)` and `load(run_dir)`: the entry points of every mode.
 
-A thin dispatcher: the mode comes from the registry (`ppo_async.registry`; importing
+A thin dispatcher: the mode comes from the registry (`ppo_async.modes.registry`; importing
 `ppo_async.modes` registers them), the `RunRecorder` owns everything the run writes, and the
 mode's host loop says when. Nothing here knows how a mode works.
 """
@@ -12,12 +12,12 @@ from typing import Any, Callable
 
 import ppo_async.modes  # noqa: F401  (registers every mode)
 from ppo_async.config import Config, ConfigError
-from ppo_async.distributed import initialize, is_multi_process, process_log_path
-from ppo_async.policy import Policy, check_seed_index
-from ppo_async.recorder import RunRecorder, import_wandb
-from ppo_async.registry import get_mode
-from ppo_async.result import TrainResult
-from ppo_async.rundir import check_can_start, read_run_config, restore_checkpoint
+from ppo_async.runtime.distributed import initialize, is_multi_process, process_log_path
+from ppo_async.run.policy import Policy, check_seed_index
+from ppo_async.run.recorder import RunRecorder, import_wandb
+from ppo_async.modes.registry import get_mode
+from ppo_async.run.result import TrainResult
+from ppo_async.run.rundir import check_can_start, read_run_config, restore_checkpoint
 
 
 def train(

@@ -15,16 +15,12 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from ppo_async import envs, networks
+from ppo_async import envs
+from ppo_async.core import networks
 from ppo_async.config import RolloutConfig
-from ppo_async.networks import ActorCritic
-from ppo_async.types import (
-    EnvState,
-    PolicySnapshot,
-    RolloutStats,
-    Trajectory,
-    Transition,
-)
+from ppo_async.core.networks import ActorCritic
+from ppo_async.core.types import EnvState, PolicySnapshot, RolloutStats, Trajectory, Transition
+from ppo_async.core import normalization
 
 
 @dataclass(frozen=True)
@@ -37,7 +33,7 @@ class RolloutContext:
 
     def policy_input(self, snapshot: PolicySnapshot, raw_obs: chex.Array) -> chex.Array:
         """Raw observations `[..., O...]` -> normalised policy input under the snapshot's stats."""
-        return envs.normalize_obs(
+        return normalization.normalize_obs(
             snapshot.obs_stats, raw_obs, self.config.obs_clip, self.config.normalize_obs
         )
 
@@ -101,7 +97,7 @@ def rollout(
         episode_return_sum=jnp.sum(finished_return),
         episode_length_sum=jnp.sum(finished_length).astype(jnp.float32),
         episode_count=jnp.sum(finished).astype(jnp.float32),
-        obs_moments=envs.batch_moments(raw_obs, obs_ndim),
+        obs_moments=normalization.batch_moments(raw_obs, obs_ndim),
         nonfinite_count=nonfinite.astype(jnp.int32),
     )
     trajectory = Trajectory(
@@ -117,7 +113,7 @@ def merge_rollout_stats(stats: Sequence[RolloutStats]) -> RolloutStats:
     observation moments merge (Chan et al. 1979). Also merges processes' shares of a batch."""
     moments = stats[0].obs_moments
     for other in stats[1:]:
-        moments = envs.merge_moments(moments, other.obs_moments)
+        moments = normalization.merge_moments(moments, other.obs_moments)
     total = lambda name: sum(getattr(s, name) for s in stats)  # noqa: E731
     return RolloutStats(
         episode_return_sum=total("episode_return_sum"),

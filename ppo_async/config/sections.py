@@ -11,172 +11,44 @@ Serialise with `config_to_dict` / `config_from_dict` (JSON-friendly, nested by s
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
+
+from ppo_async.config.checks import (
+    _changed,
+    _check_bool,
+    _check_int,
+    _check_non_negative,
+    _check_positive,
+    _check_unit_interval,
+    _fail,
+    _inert,
+    check_field_types,
+)
+from ppo_async.envs.registry import (
+    BRAX_BACKENDS,
+    HOST_ENV_FAMILIES,
+    PLAYGROUND_BACKENDS,
+    check_env_name,
+    split_env_name,
+)
+
 
 MODES = ("sync", "simulated", "threaded")
+
 # Top-level fields that shape no compiled program: the seed enters as an argument, the rest is
 # what the host writes and when (used by the kept-program caches of the modes).
 HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "eval_every",
                     "eval_episodes", "log_every", "overwrite")
+
 LAG_SCHEDULES = ("fixed", "per_sampler", "uniform", "geometric", "straggler", "replay")
+
 OBJECTIVES = ("ppo", "decoupled")
+
 ADVANTAGE_ESTIMATORS = ("gae", "vtrace")
+
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field, the value and the rule."""
-
-
-class DistributedFailure(RuntimeError):
-    """Another process of a multi-process run (`distributed.*`) failed, died or was killed."""
-
-    exit_status = 4  # `python -m ppo_async`'s status for it: this process stopped because another failed
-
-
-def _fail(name: str, value: Any, rule: str) -> None:
-    raise ConfigError(f"{name} = {value!r} is invalid: {rule}")
-
-
-def _check_positive(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        _fail(name, value, "must be a number > 0")
-    if isinstance(value, float) and not math.isfinite(value):
-        _fail(name, value, "must be finite")
-
-
-def _check_non_negative(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-        _fail(name, value, "must be a number >= 0")
-    if isinstance(value, float) and not math.isfinite(value):
-        _fail(name, value, "must be finite")
-
-
-def _check_int(name: str, value: int, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        _fail(name, value, f"must be an integer >= {minimum}")
-
-
-def _check_bool(name: str, value: bool) -> None:
-    if not isinstance(value, bool):
-        _fail(name, value, "must be True or False")
-
-
-def _check_unit_interval(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 < value <= 1.0:
-        _fail(name, value, "must lie in (0, 1]")
-
-
-_TYPE_RULES = {
-    "int": ((int,), "an integer"),
-    "float": ((int, float), "a number"),
-    "bool": ((bool,), "True or False"),
-    "str": ((str,), "a string"),
-}
-
-
-def _type_rule(annotation: str) -> tuple[tuple[type, ...], str, bool]:
-    """(accepted types, description, None allowed) of a field annotation such as
-    `"float | None"`, `"tuple[int, ...]"` or `"Literal['a', 'b']"` (annotations are strings)."""
-    parts = [p.strip() for p in annotation.split("|")]
-    optional = "None" in parts
-    base = next((p for p in parts if p != "None"), "None")
-    if base.startswith("tuple"):
-        return (tuple, list), "a sequence", optional
-    if base.startswith("Literal"):
-        return (str,), "a string", optional
-    types, what = _TYPE_RULES.get(base, ((object,), "a value"))
-    return types, what, optional
-
-
-def check_field_types(section: Any, prefix: str = "") -> None:
-    """Raises ConfigError naming the first field of a config dataclass whose value has the wrong
-    type (e.g. `threaded.latency_jitter = 'a'`), before any range check compares it.
-
-    bool is not accepted as a number (True is an int in Python); ints are accepted as floats.
-    """
-    for f in dataclasses.fields(section):
-        if not isinstance(f.type, str) or f.type in _SECTION_TYPE_NAMES:
-            continue
-        types, what, optional = _type_rule(f.type)
-        value = getattr(section, f.name)
-        if value is None and optional:
-            continue
-        wrong = not isinstance(value, types) or (bool not in types and isinstance(value, bool))
-        if wrong:
-            allowed = what + (" or None" if optional else "")
-            _fail(f"{prefix}{f.name}", value, f"must be {allowed}, not {type(value).__name__}")
-
-
-_SECTION_TYPE_NAMES = ("EnvOptions", "RolloutConfig", "PPOConfig", "NetworkConfig", "LagConfig", "ThreadedConfig", "DistributedConfig")
-
-
-ENV_FAMILIES = ("gymnax", "brax", "playground", "gymnasium")
-HOST_ENV_FAMILIES = ("gymnasium",)  # stepped on the host by each sampler thread: threaded mode only
-# The pip extra that installs each optional family and the module it provides.
-ENV_EXTRAS = {"brax": ("brax", "brax"), "playground": ("playground", "mujoco_playground"),
-              "gymnasium": ("gymnasium", "gymnasium")}
-
-
-def split_env_name(name: str) -> tuple[str, str]:
-    """`"brax/ant"` -> `("brax", "ant")`; a name without a known prefix is gymnax's."""
-    family, sep, task = name.partition("/")
-    if sep and family in ENV_EXTRAS:
-        return family, task
-    return "gymnax", name
-
-
-def require_env_family(family: str, field_name: str = "env") -> None:
-    """ConfigError naming the pip extra when an optional env family is not installed."""
-    if family not in ENV_EXTRAS:
-        return
-    import importlib.util
-
-    extra, module = ENV_EXTRAS[family]
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(
-            f"{field_name} names a {family} environment, but {module!r} is not installed: "
-            f"pip install -e \".[{extra}]\" (or \".[dev]\", which installs every env family)"
-        )
-
-
-def known_env_names(family: str = "gymnax") -> tuple[str, ...]:
-    """Names a family registers (imported lazily; optional families must be installed)."""
-    if family == "gymnax":
-        import gymnax
-
-        return tuple(gymnax.registered_envs)
-    require_env_family(family)
-    if family == "brax":
-        from brax import envs as brax_envs
-
-        return tuple(sorted(brax_envs._envs))  # brax's registry (no public accessor in 0.14)
-    if family == "playground":
-        from mujoco_playground import registry
-
-        return tuple(registry.dm_control_suite.ALL_ENVS)
-    import gymnasium
-
-    return tuple(sorted(gymnasium.envs.registry))
-
-
-def check_env_name(name: str, field_name: str = "env") -> None:
-    """Raises ConfigError listing the known environments of the name's family when `name`
-    is not one of them (and naming the extra to install when the family is missing)."""
-    family, task = split_env_name(name)
-    require_env_family(family, field_name)
-    known = known_env_names(family)
-    if task not in known:
-        prefix = "" if family == "gymnax" else f"{family}/"
-        families = "gymnax names as they are; brax/<name>, playground/<name>, gymnasium/<id>"
-        raise ConfigError(
-            f"{field_name} = {name!r} is not a known {family} environment; known: "
-            f"{', '.join(prefix + k for k in known)} (env families: {families})"
-        )
-
 
 @dataclass(frozen=True)
 class RolloutConfig:
@@ -203,7 +75,6 @@ class RolloutConfig:
         _check_positive("rollout.reward_scale", self.reward_scale)
         _check_bool("rollout.normalize_obs", self.normalize_obs)
         _check_bool("rollout.clip_actions", self.clip_actions)
-
 
 @dataclass(frozen=True)
 class PPOConfig:
@@ -293,7 +164,6 @@ class PPOConfig:
             if not (isinstance(self.prox_ewma, (int, float)) and 0.0 <= self.prox_ewma < 1.0):
                 _fail("ppo.prox_ewma", self.prox_ewma, "must be None or a decay in [0, 1)")
 
-
 @dataclass(frozen=True)
 class NetworkConfig:
     """Actor-critic architecture."""
@@ -331,7 +201,6 @@ class NetworkConfig:
         ):
             _fail("network.init_log_std", self.init_log_std, "must lie in [-20, 2]")
 
-
 @dataclass(frozen=True)
 class LagConfig:
     """Policy lag: the emulated lag schedule (simulated mode) and the stale-sample filter (every mode).
@@ -344,7 +213,7 @@ class LagConfig:
       straggler: the first ceil(fraction * num_samplers) samplers refresh their params only
         every `slowdown`-th rollout (the others every rollout); lag is counted in learner versions.
       replay: the (sampler_id, lag) of each consumed batch, read from `replay_path`
-        (the version schedule a threaded run writes; format in `ppo_async.lag`).
+        (the version schedule a threaded run writes; format in `ppo_async.core.lag`).
     """
 
     schedule: Literal["fixed", "per_sampler", "uniform", "geometric", "straggler", "replay"] = "fixed"
@@ -368,7 +237,7 @@ class LagConfig:
     num_samplers: int | None = None
     """Emulated samplers, each with its own envs and env seeds; batches are consumed round-robin.
     None: 1, or with schedule='replay' the samplers the replayed file names (its largest
-    sampler_id + 1); see `ppo_async.lag.num_samplers_of`."""
+    sampler_id + 1); see `ppo_async.core.lag.num_samplers_of`."""
     max_lag: int | None = None
     """Stale filter: samples whose lag exceeds this are dropped at consumption (and counted); None keeps all."""
     seed: int = 0
@@ -408,10 +277,9 @@ class LagConfig:
         if self.schedule == "replay" and not self.replay_path:
             _fail("lag.replay_path", self.replay_path, "must name a schedule file for schedule='replay'")
 
-
 DEFAULT_BUFFER_CHUNKS = 4
-DEFAULT_KL_WINDOW = 8  # learner iterations per KL-controller decision (threaded.kl_window = None)
 
+DEFAULT_KL_WINDOW = 8  # learner iterations per KL-controller decision (threaded.kl_window = None)
 
 @dataclass(frozen=True)
 class ThreadedConfig:
@@ -442,7 +310,7 @@ class ThreadedConfig:
     learner_devices: tuple[int, ...] = ()
     """Indices into jax.devices() of the data-parallel learner (shard_map over them; one = plain jit); () = auto (device 0, or the second half)."""
     kl_target: float | None = None
-    """Online KL controller (off: None): moves the number of active samplers, refresh_lag and lag.max_lag while the run goes to hold the running mean approx_kl at or under this target (AIMD, `ppo_async.kl_control`; state in the controller_* metrics)."""
+    """Online KL controller (off: None): moves the number of active samplers, refresh_lag and lag.max_lag while the run goes to hold the running mean approx_kl at or under this target (AIMD, `ppo_async.core.kl_control`; state in the controller_* metrics)."""
     kl_window: int | None = None
     """Learner iterations of approx_kl the controller averages per decision (and waits after each change); None = 8. Needs kl_target."""
 
@@ -508,7 +376,6 @@ class ThreadedConfig:
             return self.chunks_per_batch
         return self.num_samplers if self.barrier else 1
 
-
 @dataclass(frozen=True)
 class EnvOptions:
     """Options of the physics-simulator env families (brax/*, playground/*); for gymnax and
@@ -526,9 +393,7 @@ class EnvOptions:
         if self.episode_length is not None:
             _check_int("env_options.episode_length", self.episode_length, 1)
 
-
 DISTRIBUTED_CLUSTERS = ("none", "slurm")  # distributed.cluster: names of JAX's cluster detection (jax._src.clusters)
-
 
 @dataclass(frozen=True)
 class DistributedConfig:
@@ -549,7 +414,7 @@ class DistributedConfig:
     initialization_timeout_s: int = 120
     """Seconds every process waits for all the others to join (and process 0's run directory)."""
     cluster: Literal["none", "slurm"] = "none"
-    """Where num_processes, process_id and coordinator_address come from: none (those fields) or slurm (the SLURM task's environment, read by JAX's own cluster detection: SLURM_NTASKS, SLURM_PROCID, the first node of SLURM_STEP_NODELIST, a port from SLURM_JOB_ID or $JAX_COORDINATOR_PORT); leave the three unset, `ppo_async.distributed.initialize` fills them in."""
+    """Where num_processes, process_id and coordinator_address come from: none (those fields) or slurm (the SLURM task's environment, read by JAX's own cluster detection: SLURM_NTASKS, SLURM_PROCID, the first node of SLURM_STEP_NODELIST, a port from SLURM_JOB_ID or $JAX_COORDINATOR_PORT); leave the three unset, `ppo_async.runtime.distributed.initialize` fills them in."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "distributed.")
@@ -583,11 +448,6 @@ class DistributedConfig:
             _fail("distributed.coordinator_address", address,
                   f"must be 'host:port' (e.g. '127.0.0.1:12355') with num_processes = {self.num_processes}")
 
-
-BRAX_BACKENDS = ("generalized", "positional", "spring", "mjx")
-PLAYGROUND_BACKENDS = ("jax", "warp")
-
-
 def check_env_options(config: "Config") -> None:
     """ConfigError for an env option the env's family does not read, or a backend it lacks."""
     family, _ = split_env_name(config.env)
@@ -600,7 +460,6 @@ def check_env_options(config: "Config") -> None:
     allowed = BRAX_BACKENDS if family == "brax" else PLAYGROUND_BACKENDS
     if opts.backend is not None and opts.backend not in allowed:
         _fail("env_options.backend", opts.backend, f"must be one of {allowed} for {family} envs (or None)")
-
 
 @dataclass(frozen=True)
 class Config:
@@ -629,7 +488,7 @@ class Config:
     eval_episodes: int = 10
     """Episodes per evaluation (deterministic actions: the Gaussian mean / the argmax)."""
     log_every: int = 1
-    """Learner iterations per metrics row: a row aggregates the iterations since the previous one (means, maxima, summed histograms and counts, the last counters; `ppo_async.aggregate`), in metrics.jsonl, TensorBoard, W&B and TrainResult.metrics alike. The non-finite checks, the sample accounting and the warnings still run every iteration."""
+    """Learner iterations per metrics row: a row aggregates the iterations since the previous one (means, maxima, summed histograms and counts, the last counters; `ppo_async.report.aggregate`), in metrics.jsonl, TensorBoard, W&B and TrainResult.metrics alike. The non-finite checks, the sample accounting and the warnings still run every iteration."""
     overwrite: bool = False
     """Replace a run already in run_dir (its metrics, checkpoints, schedules and plots); without it a run_dir holding a run is refused (resume it instead)."""
     env_options: EnvOptions = field(default_factory=EnvOptions)
@@ -676,7 +535,7 @@ class Config:
             )
         if self.distributed.cluster != "none" and self.distributed.process_id is None:
             _fail("distributed.cluster", self.distributed.cluster, "the layout it gives is not filled in yet: join first with "
-                  "ppo_async.distributed.initialize(DistributedConfig(cluster=...)), which returns the section with "
+                  "ppo_async.runtime.distributed.initialize(DistributedConfig(cluster=...)), which returns the section with "
                   "num_processes, process_id and coordinator_address, and build the Config with that "
                   "(`python -m ppo_async train` does this)")
         if self.distributed.num_processes > 1 and self.mode != "threaded":
@@ -761,10 +620,10 @@ class Config:
         """A copy with top-level fields replaced (validated again)."""
         return dataclasses.replace(self, **changes)
 
-
 # Lag-schedule fields (all of LagConfig but the stale filter) act only in simulated mode; within
 # it, each schedule reads only its own fields. lag.num_samplers acts in every schedule.
 LAG_FILTER_FIELDS = ("max_lag",)
+
 SCHEDULE_FIELDS = {
     "fixed": ("K",),
     "per_sampler": ("per_sampler",),
@@ -773,16 +632,6 @@ SCHEDULE_FIELDS = {
     "straggler": ("fraction", "slowdown"),
     "replay": ("replay_path",),
 }
-
-
-def _inert(name: str, value: Any, why: str) -> None:
-    raise ConfigError(f"{name} = {value!r} has no effect: {why}")
-
-
-def _changed(section: Any, default: Any) -> list[str]:
-    """Fields of a section whose value differs from the section's default."""
-    return [f.name for f in dataclasses.fields(section) if getattr(section, f.name) != getattr(default, f.name)]
-
 
 def check_fields_apply(config: "Config") -> None:
     """Raises ConfigError for a field set away from its default where it would do nothing.
@@ -831,74 +680,3 @@ def check_fields_apply(config: "Config") -> None:
         for name in ("checkpoint_every", "keep_checkpoints", "overwrite"):
             if getattr(config, name) != type(config).__dataclass_fields__[name].default:
                 _inert(name, getattr(config, name), "there is no run_dir to write checkpoints into")
-
-
-_SECTIONS = {"env_options": EnvOptions, "rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig, "lag": LagConfig, "threaded": ThreadedConfig, "distributed": DistributedConfig}
-
-
-def config_to_dict(config: Config) -> dict[str, Any]:
-    """Nested plain-Python dict of every field (JSON-serialisable)."""
-    return json.loads(json.dumps(dataclasses.asdict(config)))
-
-
-def config_from_dict(data: dict[str, Any]) -> Config:
-    """Builds (and validates) a Config from a nested dict; unknown keys raise ConfigError."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
-    top_fields = {f.name for f in dataclasses.fields(Config)}
-    unknown = set(data) - top_fields
-    if unknown:
-        raise ConfigError(f"unknown config keys {sorted(unknown)}; known: {sorted(top_fields)}")
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in _SECTIONS:
-            cls = _SECTIONS[key]
-            if isinstance(value, cls):
-                kwargs[key] = value
-                continue
-            if not isinstance(value, dict):
-                raise ConfigError(f"{key} must be a mapping of its fields, got {value!r}")
-            known = {f.name for f in dataclasses.fields(cls)}
-            bad = set(value) - known
-            if bad:
-                raise ConfigError(f"unknown keys in {key}: {sorted(bad)}; known: {sorted(known)}")
-            section = dict(value)
-            for f in dataclasses.fields(cls):
-                if f.name in section and isinstance(section[f.name], list):
-                    section[f.name] = tuple(section[f.name])
-            kwargs[key] = cls(**section)
-        else:
-            kwargs[key] = value
-    return Config(**kwargs)
-
-
-def get_path(config: Config, path: str) -> Any:
-    """The value of a dotted field, e.g. `get_path(c, "ppo.clip_eps")`; ConfigError if unknown."""
-    node: Any = config
-    for part in path.split("."):
-        if not dataclasses.is_dataclass(node) or part not in {f.name for f in dataclasses.fields(node)}:
-            raise ConfigError(f"unknown config field {path!r}")
-        node = getattr(node, part)
-    return node
-
-
-def replace_path(config: Config, path: str, value: Any) -> Config:
-    """Returns a copy with a dotted field replaced, e.g. `replace_path(c, "ppo.clip_eps", 0.1)`."""
-    return replace_paths(config, {path: value})
-
-
-def replace_paths(config: Config, changes: Mapping[str, Any]) -> Config:
-    """A copy with several dotted fields replaced at once, validated once at the end (so
-    `{"ppo.rho_bar": 2.0, "ppo.advantage_estimator": "vtrace"}` works in either order)."""
-    data = config_to_dict(config)
-    for path, value in changes.items():
-        parts = path.split(".")
-        node = data
-        for part in parts[:-1]:
-            if part not in node or not isinstance(node[part], dict):
-                raise ConfigError(f"unknown config section {part!r} in {path!r}")
-            node = node[part]
-        if parts[-1] not in node or isinstance(node[parts[-1]], dict):
-            raise ConfigError(f"unknown config field {path!r}")
-        node[parts[-1]] = value
-    return config_from_dict(data)

@@ -25,15 +25,22 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import jax
 import numpy as np
 
-from ppo_async import rundir
-from ppo_async.aggregate import aggregate_rows
-from ppo_async.checkpoint import Checkpointer
+from ppo_async.run import rundir
+from ppo_async.report.aggregate import aggregate_rows
+from ppo_async.run.checkpoint import Checkpointer
 from ppo_async.config import Config, ConfigError, config_to_dict
-from ppo_async.health import RunHealth, first_warnings
-from ppo_async.lag import SCHEDULE_COLUMNS, write_schedule
-from ppo_async.policy import Policy, episodes_program
-from ppo_async.metrics import JsonlWriter, MetricsLog, NonFiniteError, Progress, check_finite, scalar_items
-from ppo_async.result import TrainResult
+from ppo_async.report.health import RunHealth, first_warnings
+from ppo_async.core.lag import SCHEDULE_COLUMNS, write_schedule
+from ppo_async.run.policy import Policy, episodes_program
+from ppo_async.report.metrics import (
+    JsonlWriter,
+    MetricsLog,
+    NonFiniteError,
+    Progress,
+    check_finite,
+    scalar_items,
+)
+from ppo_async.run.result import TrainResult
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes use seed + this (never a training key)
 LOSS_FIELDS = ("policy_loss", "value_loss", "entropy", "approx_kl")
@@ -396,7 +403,7 @@ class RunRecorder:
 
     @property
     def warnings(self) -> list[str]:
-        """Each kind of warning once, as it first appeared (see `ppo_async.health`)."""
+        """Each kind of warning once, as it first appeared (see `ppo_async.report.health`)."""
         return list(self._first_warnings.values())
 
     def save_checkpoint(self, iteration: int, state: Any, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -425,7 +432,7 @@ class RunRecorder:
             self.save_checkpoint(self.last_iteration, state(), self._last_rows)
 
     def append_schedule(self, filename: str, records: Iterable[Mapping[str, Any]]) -> None:
-        """Appends version-schedule records (`ppo_async.lag` format) to RUN_DIR/filename and
+        """Appends version-schedule records (`ppo_async.core.lag` format) to RUN_DIR/filename and
         flushes, as batches are consumed: a killed run keeps its schedule up to the last
         consumed batch. Without a run directory the records are kept in memory."""
         if not self.run_dir:
@@ -450,7 +457,7 @@ class RunRecorder:
         return MetricsLog.from_file(os.path.join(self.run_dir, filename))
 
     def write_schedule(self, filename: str, records: Iterable[Mapping[str, Any]]) -> None:
-        """Writes RUN_DIR/filename (the lag or version schedule, `ppo_async.lag` format)."""
+        """Writes RUN_DIR/filename (the lag or version schedule, `ppo_async.core.lag` format)."""
         if self.run_dir:
             write_schedule(os.path.join(self.run_dir, filename), records)
 
@@ -459,7 +466,7 @@ class RunRecorder:
     def result(self, train_state: Any, compile_seconds: float, extras: dict[str, Any] | None = None) -> TrainResult:
         """Writes the PNG plots (with a run directory) and returns the run's `TrainResult`."""
         if self.run_dir:
-            from ppo_async.plots import plot_run  # matplotlib is slow to import
+            from ppo_async.report.plots import plot_run# matplotlib is slow to import
 
             plot_run(self.run_dir)
         extras = dict(extras or {})

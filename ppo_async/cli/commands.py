@@ -94,7 +94,7 @@ TUNE_HELP = """usage: python -m ppo_async tune [--config FILE] [--env NAME] [--k
                               [--out DIR] [--seeds 1] [--max-samplers 6] [--throughput-target X]
                               [--replay-seeds 2] [--quiet]
 
-The tuning recipe of asynchronous PPO on threaded runs (ppo_async.tune; README "Tuning"):
+The tuning recipe of asynchronous PPO on threaded runs (ppo_async.study.tune; README "Tuning"):
 (1) samplers and buffer length until the mean KL to the behaviour policy is under the target;
 (2) samplers 1, 2, ... to the throughput knee; (3) bigger batches per sampler; (4) clip,
 epochs and minibatches on the simulated mode replaying the chosen setting's version schedule.
@@ -211,7 +211,7 @@ def _join_processes(args: Sequence[str]) -> list[str]:
     options are parsed, since checking a gymnax env name imports gymnax, which runs JAX.
     Returns the options the full parse needs on top of `args`: with `distributed.cluster`,
     the layout the cluster gave (else none)."""
-    from ppo_async import distributed
+    from ppo_async.runtime import distributed
 
     if not any(a.startswith("--distributed.") for a in args) and "--config" not in " ".join(args):
         return []
@@ -247,7 +247,7 @@ def parse_train_args(argv: Sequence[str]) -> TrainArgs:
     Without `--run-dir` (here or in `--config`) the run goes to `default_run_dir(env, mode)`.
     `--help` prints every option and raises SystemExit(0) (tyro).
     """
-    from ppo_async import presets
+    from ppo_async.config import presets
     from ppo_async.config import Config, config_from_dict, get_path, replace_paths
 
     args = list(argv)
@@ -303,7 +303,7 @@ def _resume_config(args: list[str], resume_dir: str) -> tuple["Config", bool]:
     """(config of RUN_DIR, quiet) for `train --resume RUN_DIR [--quiet] [--total-env-steps N]`
     (a larger N extends a run; the rest of the config comes from RUN_DIR/config.json)."""
     from ppo_async.config import ConfigError
-    from ppo_async.rundir import read_run_config
+    from ppo_async.run.rundir import read_run_config
 
     args = list(args)
     total = _pop_option(args, "--total-env-steps")
@@ -332,7 +332,7 @@ def run_train(argv: Sequence[str]) -> int:
     """
     import numpy as np
 
-    from ppo_async.train import train
+    from ppo_async.modes.train import train
 
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
@@ -354,7 +354,7 @@ def run_train(argv: Sequence[str]) -> int:
             flush=True,
         )
         if preset:
-            from ppo_async.presets import describe
+            from ppo_async.config.presets import describe
 
             print(f"env preset for {config.env} (fields no flag or --config set): {describe(preset)}", flush=True)
     result = train(config, progress=not quiet, resume=resume_dir is not None)
@@ -362,7 +362,7 @@ def run_train(argv: Sequence[str]) -> int:
     finals = ", ".join("none ended" if np.isnan(r) else f"{r:.1f}" for r in final)
     if len(final) > 1 and not np.all(np.isnan(final)):
         finals += f" (mean {np.nanmean(final):.1f})"
-    for message in result.extras.get("warnings", []):  # see ppo_async.health: even with --quiet
+    for message in result.extras.get("warnings", []):  # see ppo_async.report.health: even with --quiet
         print(f"warning: {message}", flush=True)
     if quiet:
         print(f"final return (mean of last 10% of iterations): {finals}; run dir: {config.run_dir}", flush=True)
@@ -463,7 +463,7 @@ def write_plots(run_dirs: Sequence[str], out: str | None = None, labels: Sequenc
     """`plots.plot_run` of every run; with several runs also `learning_curve_combined.png`
     (median and 25-75% band per run, labelled by `labels`, default the directory names) in
     `out` (default: the first run dir)."""
-    from ppo_async import plots
+    from ppo_async.report import plots
 
     labels = run_labels(run_dirs, labels)
     written: list[str] = []
@@ -492,8 +492,8 @@ def run_compare(argv: Sequence[str]) -> int:
     """The `compare` command: overlaid figures and the summary table of several runs."""
     import pandas as pd
 
-    from ppo_async import plots
-    from ppo_async.analysis import summarize
+    from ppo_async.report import plots
+    from ppo_async.report.analysis import summarize
     from ppo_async.config import ConfigError
 
     if any(a in ("-h", "--help") for a in argv):
@@ -528,8 +528,8 @@ def run_compare(argv: Sequence[str]) -> int:
 def run_eval(argv: Sequence[str]) -> int:
     """The `eval` command: `eval RUN_DIR [--episodes 20] [--step N] [--seed-index 0] [--seed 0] [--stochastic]`."""
     from ppo_async.config import ConfigError
-    from ppo_async.policy import evaluate
-    from ppo_async.train import load
+    from ppo_async.run.policy import evaluate
+    from ppo_async.modes.train import load
 
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
@@ -578,8 +578,8 @@ def _number_option(args: list[str], name: str, kind: type, default: Any) -> Any:
 def run_tune(argv: Sequence[str]) -> int:
     """The `tune` command (see TUNE_HELP)."""
     from ppo_async.config import ConfigError
-    from ppo_async.presets import describe
-    from ppo_async.tune import start_config, tune
+    from ppo_async.config.presets import describe
+    from ppo_async.study.tune import start_config, tune
 
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
@@ -670,10 +670,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    from ppo_async.checkpoint import CheckpointError
+    from ppo_async.run.checkpoint import CheckpointError
     from ppo_async.config import ConfigError, DistributedFailure
-    from ppo_async.metrics import NonFiniteError
-    from ppo_async.xla_flags import enable_compilation_cache
+    from ppo_async.report.metrics import NonFiniteError
+    from ppo_async.runtime.xla_flags import enable_compilation_cache
 
     commands = {"train": run_train, "plot": run_plot, "compare": run_compare, "eval": run_eval, "launch": run_launch, "tune": run_tune}
     if command not in commands:
@@ -722,7 +722,7 @@ def _finish_processes(code: int, failure: str = "", report: bool = True) -> int:
     if code == 0:
         sys.modules["jax"].distributed.shutdown()
         return code
-    from ppo_async import distributed
+    from ppo_async.runtime import distributed
 
     distributed.leave_after_failure(failure or f"exit status {code}", report=report)
     sys.stdout.flush()
@@ -731,9 +731,9 @@ def _finish_processes(code: int, failure: str = "", report: bool = True) -> int:
 
 
 def run_launch(argv: Sequence[str]) -> int:
-    """The `launch` command (see `ppo_async.launch`): checks the train options as process 0
+    """The `launch` command (see `ppo_async.runtime.launch`): checks the train options as process 0
     would parse them (a bad value stops here, before any process starts), then runs them."""
-    from ppo_async import launch
+    from ppo_async.runtime import launch
 
     split = launch.split_launch_args(argv)
     if split is None:

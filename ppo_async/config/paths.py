@@ -1,0 +1,86 @@
+"""Configs as nested dicts (JSON-friendly, by section) and dotted field paths
+(`"ppo.clip_eps"`): reading, replacing and building them, each validated once at the end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping
+
+from ppo_async.config.sections import (
+    Config,
+    DistributedConfig,
+    EnvOptions,
+    LagConfig,
+    NetworkConfig,
+    PPOConfig,
+    RolloutConfig,
+    ThreadedConfig,
+)
+from ppo_async.errors import ConfigError
+
+
+_SECTIONS = {"env_options": EnvOptions, "rollout": RolloutConfig, "ppo": PPOConfig, "network": NetworkConfig, "lag": LagConfig, "threaded": ThreadedConfig, "distributed": DistributedConfig}
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """Nested plain-Python dict of every field (JSON-serialisable)."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Builds (and validates) a Config from a nested dict; unknown keys raise ConfigError."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
+    top_fields = {f.name for f in dataclasses.fields(Config)}
+    unknown = set(data) - top_fields
+    if unknown:
+        raise ConfigError(f"unknown config keys {sorted(unknown)}; known: {sorted(top_fields)}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SECTIONS:
+            cls = _SECTIONS[key]
+            if isinstance(value, cls):
+                kwargs[key] = value
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} must be a mapping of its fields, got {value!r}")
+            known = {f.name for f in dataclasses.fields(cls)}
+            bad = set(value) - known
+            if bad:
+                raise ConfigError(f"unknown keys in {key}: {sorted(bad)}; known: {sorted(known)}")
+            section = dict(value)
+            for f in dataclasses.fields(cls):
+                if f.name in section and isinstance(section[f.name], list):
+                    section[f.name] = tuple(section[f.name])
+            kwargs[key] = cls(**section)
+        else:
+            kwargs[key] = value
+    return Config(**kwargs)
+
+def get_path(config: Config, path: str) -> Any:
+    """The value of a dotted field, e.g. `get_path(c, "ppo.clip_eps")`; ConfigError if unknown."""
+    node: Any = config
+    for part in path.split("."):
+        if not dataclasses.is_dataclass(node) or part not in {f.name for f in dataclasses.fields(node)}:
+            raise ConfigError(f"unknown config field {path!r}")
+        node = getattr(node, part)
+    return node
+
+def replace_path(config: Config, path: str, value: Any) -> Config:
+    """Returns a copy with a dotted field replaced, e.g. `replace_path(c, "ppo.clip_eps", 0.1)`."""
+    return replace_paths(config, {path: value})
+
+def replace_paths(config: Config, changes: Mapping[str, Any]) -> Config:
+    """A copy with several dotted fields replaced at once, validated once at the end (so
+    `{"ppo.rho_bar": 2.0, "ppo.advantage_estimator": "vtrace"}` works in either order)."""
+    data = config_to_dict(config)
+    for path, value in changes.items():
+        parts = path.split(".")
+        node = data
+        for part in parts[:-1]:
+            if part not in node or not isinstance(node[part], dict):
+                raise ConfigError(f"unknown config section {part!r} in {path!r}")
+            node = node[part]
+        if parts[-1] not in node or isinstance(node[parts[-1]], dict):
+            raise ConfigError(f"unknown config field {path!r}")
+        node[parts[-1]] = value
+    return config_from_dict(data)

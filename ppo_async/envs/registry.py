@@ -1,0 +1,77 @@
+"""The env registry: env names by family, the pip extra of each optional family, the names a
+family registers and the backends of the physics families.
+
+Names choose the family by prefix: gymnax names as they are, `brax/<name>`,
+`playground/<name>`, `gymnasium/<id>`. Family packages are imported lazily, only when their
+names are asked for.
+"""
+
+from __future__ import annotations
+
+from ppo_async.errors import ConfigError
+
+
+ENV_FAMILIES = ("gymnax", "brax", "playground", "gymnasium")
+
+HOST_ENV_FAMILIES = ("gymnasium",)  # stepped on the host by each sampler thread: threaded mode only
+
+# The pip extra that installs each optional family and the module it provides.
+ENV_EXTRAS = {"brax": ("brax", "brax"), "playground": ("playground", "mujoco_playground"),
+              "gymnasium": ("gymnasium", "gymnasium")}
+
+def split_env_name(name: str) -> tuple[str, str]:
+    """`"brax/ant"` -> `("brax", "ant")`; a name without a known prefix is gymnax's."""
+    family, sep, task = name.partition("/")
+    if sep and family in ENV_EXTRAS:
+        return family, task
+    return "gymnax", name
+
+def require_env_family(family: str, field_name: str = "env") -> None:
+    """ConfigError naming the pip extra when an optional env family is not installed."""
+    if family not in ENV_EXTRAS:
+        return
+    import importlib.util
+
+    extra, module = ENV_EXTRAS[family]
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"{field_name} names a {family} environment, but {module!r} is not installed: "
+            f"pip install -e \".[{extra}]\" (or \".[dev]\", which installs every env family)"
+        )
+
+def known_env_names(family: str = "gymnax") -> tuple[str, ...]:
+    """Names a family registers (imported lazily; optional families must be installed)."""
+    if family == "gymnax":
+        import gymnax
+
+        return tuple(gymnax.registered_envs)
+    require_env_family(family)
+    if family == "brax":
+        from brax import envs as brax_envs
+
+        return tuple(sorted(brax_envs._envs))  # brax's registry (no public accessor in 0.14)
+    if family == "playground":
+        from mujoco_playground import registry
+
+        return tuple(registry.dm_control_suite.ALL_ENVS)
+    import gymnasium
+
+    return tuple(sorted(gymnasium.envs.registry))
+
+def check_env_name(name: str, field_name: str = "env") -> None:
+    """Raises ConfigError listing the known environments of the name's family when `name`
+    is not one of them (and naming the extra to install when the family is missing)."""
+    family, task = split_env_name(name)
+    require_env_family(family, field_name)
+    known = known_env_names(family)
+    if task not in known:
+        prefix = "" if family == "gymnax" else f"{family}/"
+        families = "gymnax names as they are; brax/<name>, playground/<name>, gymnasium/<id>"
+        raise ConfigError(
+            f"{field_name} = {name!r} is not a known {family} environment; known: "
+            f"{', '.join(prefix + k for k in known)} (env families: {families})"
+        )
+
+BRAX_BACKENDS = ("generalized", "positional", "spring", "mjx")
+
+PLAYGROUND_BACKENDS = ("jax", "warp")
