@@ -98,7 +98,7 @@ ALLREDUCE = textwrap.dedent(
     import ppo_async as pa
     from jax.flatten_util import ravel_pytree
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from ppo_async.runtime import distributed
+    from ppo_async.runtime import distributed, placement
     from ppo_async.core import learner
     from ppo_async.modes.common import make_contexts
     cfg = pa.Config(network=pa.NetworkConfig(actor_hidden=(64, 64), critic_hidden=(64, 64)))
@@ -106,11 +106,11 @@ ALLREDUCE = textwrap.dedent(
     with jax.default_device(jax.local_devices()[0]):
         state = learner.init_train_state(ctx, jax.random.PRNGKey(0), rctx.env.obs_shape)
     flat = np.asarray(ravel_pytree(jax.device_get(state.params))[0])
-    mesh = learner.learner_mesh(jax.devices()[:2])
+    mesh = placement.learner_mesh(jax.devices()[:2])
     mine = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)  # this process's rows
-    grads = jax.make_array_from_process_local_data(NamedSharding(mesh, P(learner.LEARNER_AXIS)), np.tile(flat, (mine, 1)))
-    reduce = jax.jit(jax.shard_map(lambda g: jax.lax.psum(g, learner.LEARNER_AXIS), mesh=mesh,
-                                   in_specs=P(learner.LEARNER_AXIS), out_specs=P(learner.LEARNER_AXIS), check_vma=False))
+    grads = jax.make_array_from_process_local_data(NamedSharding(mesh, P(placement.LEARNER_AXIS)), np.tile(flat, (mine, 1)))
+    reduce = jax.jit(jax.shard_map(lambda g: jax.lax.psum(g, placement.LEARNER_AXIS), mesh=mesh,
+                                   in_specs=P(placement.LEARNER_AXIS), out_specs=P(placement.LEARNER_AXIS), check_vma=False))
     for _ in range(20):
         reduce(grads).block_until_ready()
     times = []

@@ -111,6 +111,7 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
     import ppo_async as pa
     from ppo_async import envs
     from ppo_async.core import learner
+    from ppo_async.runtime import placement
     from ppo_async.modes.common import make_contexts
     from ppo_async.core.rollout import rollout
     from ppo_async.core.types import snapshot_of
@@ -120,13 +121,13 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
     # so both see the same samples per Adam step; advantage statistics are all-reduced).
     cfg = pa.Config(rollout=pa.RolloutConfig(num_envs=8, num_steps=16), ppo=pa.PPOConfig(num_epochs=3, num_minibatches=1))
     _, rctx, ctx = make_contexts(cfg)
-    _, _, dp_ctx = make_contexts(cfg, axis_name=learner.LEARNER_AXIS)
+    _, _, dp_ctx = make_contexts(cfg, axis_name=placement.LEARNER_AXIS)
     hp = learner.hyperparams_from_config(cfg)
     state = learner.init_train_state(ctx, jax.random.PRNGKey(0), rctx.env.obs_shape)
     _, traj = rollout(rctx, snapshot_of(state), envs.reset_envs(rctx.env, jax.random.PRNGKey(1), 8), jax.random.PRNGKey(2))
     key = jax.random.PRNGKey(3)
     ref, ref_m = jax.jit(lambda s, t, k, h: learner.ppo_update(ctx, s, t, k, h))(state, traj, key, hp)
-    update, place_state, place_traj = learner.data_parallel_update(dp_ctx, jax.devices())
+    update, place_state, place_traj = placement.data_parallel_update(dp_ctx, jax.devices())
     dp, dp_m = update(place_state(state), place_traj(traj), place_state(key), place_state(hp))
     out["param_max_abs_diff"] = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                                     for a, b in zip(jax.tree.leaves(ref.params), jax.tree.leaves(dp.params)))

@@ -291,7 +291,7 @@ UPDATE_SCRIPT = textwrap.dedent(
     process_id, num_processes, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
     import ppo_async as pa
-    from ppo_async.runtime import distributed
+    from ppo_async.runtime import distributed, placement
     from ppo_async import envs
     from ppo_async.core import learner
     from ppo_async.modes.common import make_contexts
@@ -301,7 +301,7 @@ UPDATE_SCRIPT = textwrap.dedent(
     cfg = pa.Config(rollout=pa.RolloutConfig(num_envs=8, num_steps=16), ppo=pa.PPOConfig(num_epochs=3, num_minibatches=1))
     half = pa.Config(rollout=pa.RolloutConfig(num_envs=4, num_steps=16), ppo=pa.PPOConfig(num_epochs=3, num_minibatches=1))
     _, rctx, ctx = make_contexts(half)
-    _, _, dp_ctx = make_contexts(cfg, axis_name=learner.LEARNER_AXIS)
+    _, _, dp_ctx = make_contexts(cfg, axis_name=placement.LEARNER_AXIS)
     hp = learner.hyperparams_from_config(cfg)
     key = jax.random.PRNGKey(3)
     with jax.default_device(jax.local_devices()[0]):  # both halves, the same on every process
@@ -333,7 +333,7 @@ def _result(proc: subprocess.Popen | subprocess.CompletedProcess, out: str) -> d
 def test_update_over_two_processes_equals_one_device():
     """Each of two processes (one device each) runs the multi-process update and compares it with
     the single-device update of the whole batch computed in itself. (One process over several
-    devices, `learner.data_parallel_update`, is checked against one device in test_data_parallel.)"""
+    devices, `placement.data_parallel_update`, is checked against one device in test_data_parallel.)"""
     port = launch.free_port()
     procs = [subprocess.Popen([sys.executable, "-c", UPDATE_SCRIPT, str(p), "2", str(port)], cwd=REPO_ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for p in range(2)]

@@ -53,7 +53,8 @@ from ppo_async.core import host_rollout, kl_control, learner
 from ppo_async.runtime.buffer import RingBuffer
 from ppo_async.config import Config, ConfigError, DistributedFailure, config_to_dict
 from ppo_async.core.lag import must_force_refresh, schedule_record, should_refresh
-from ppo_async.core.learner import LEARNER_AXIS, hyperparams_from_config
+from ppo_async.core.learner import hyperparams_from_config
+from ppo_async.runtime.placement import LEARNER_AXIS, data_parallel_update
 from ppo_async.report.metrics import NonFiniteError, to_python
 from ppo_async.modes.common import clear_jitted_cache, make_contexts, rollout_metrics, sampler_env_key
 from ppo_async.runtime.param_store import ParamStore
@@ -203,7 +204,7 @@ def make_learner_update(config: Config, placement: Placement, lag_buckets: int) 
     """`(update, place_state, place_trajectory)` on the learner devices.
 
     One device: plain `jit(ppo_update)` (data parallelism over a single device only costs;
-    see MEASURED). Several: `learner.data_parallel_update` (shard_map, gradients averaged).
+    see MEASURED). Several: `placement.data_parallel_update` (shard_map, gradients averaged).
     The update's metrics also hold the consumed rollout's episode metrics (`rollout_metrics`),
     so the learner thread fetches everything in one transfer and runs no eager device ops.
     """
@@ -218,7 +219,7 @@ def make_learner_update(config: Config, placement: Placement, lag_buckets: int) 
         place_trajectory = lambda tree: tree  # noqa: E731 - chunks already live on the buffer device = devices[0]
     else:
         _, _, ctx = make_contexts(config, lag_buckets=lag_buckets, axis_name=LEARNER_AXIS)
-        base, place_state, place_trajectory = learner.data_parallel_update(ctx, devices)
+        base, place_state, place_trajectory = data_parallel_update(ctx, devices)
 
     def update(state, trajectory, key, hparams):
         state, metrics = base(state, trajectory, key, hparams)

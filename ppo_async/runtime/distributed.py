@@ -3,7 +3,7 @@
 The design of Podracer's Sebulba and Cleanba: every process runs the same program - its own
 sampler threads on its local devices, its own ring buffer, and its share of one data-parallel
 learner update over the learner devices of *all* processes (gradients all-reduced once per SGD
-step by `learner.data_parallel_update`, so params stay identical everywhere and each process's
+step by `placement.data_parallel_update`, so params stay identical everywhere and each process's
 samplers read the latest params locally). No home-made RPC: the per-iteration bookkeeping that
 process 0 writes (every process's counters, sampler columns and version records) travels
 through the coordination service's key-value store, which `jax.distributed` already runs.
@@ -35,7 +35,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ppo_async.config import Config, ConfigError, DistributedConfig, DistributedFailure
-from ppo_async.core.learner import data_parallel_update, learner_mesh, trajectory_partition
+from ppo_async.runtime.placement import data_parallel_update, learner_mesh, trajectory_partition
 from ppo_async.core.rollout import merge_rollout_stats
 from ppo_async.core.types import RolloutStats, Trajectory
 
@@ -291,7 +291,7 @@ def gathered_stats(local: RolloutStats) -> RolloutStats:
 
 
 def multi_process_update(ctx: Any, learner_devices: Sequence[Any]) -> tuple[Callable, Callable, Callable]:
-    """`learner.data_parallel_update` over the learner devices of every process:
+    """`placement.data_parallel_update` over the learner devices of every process:
     `(update, place_state, place_trajectory)`. `place_state` turns a host value equal on every
     process into a replicated global array; `place_trajectory` turns this process's learner
     batch into its block of the global batch (statistics gathered and merged)."""

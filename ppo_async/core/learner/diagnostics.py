@@ -1,0 +1,135 @@
+"""Diagnostics of an update: per-minibatch ratio and KL statistics, effective sample size,
+lag histograms, explained variance and the per-iteration metrics dict."""
+
+from __future__ import annotations
+
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from ppo_async.core import losses
+from ppo_async.core.learner.context import Batch, LearnerContext
+from ppo_async.core.learner.hyperparams import Hyperparams
+
+
+def minibatch_diagnostics(
+    ctx: LearnerContext,
+    hparams: Hyperparams,
+    log_prob: chex.Array,
+    anchor: chex.Array,
+    behavior_log_prob: chex.Array,
+    advantage: chex.Array,
+    weight: chex.Array,
+    lag: chex.Array,
+) -> dict[str, chex.Array]:
+    """KL, ratio and per-lag diagnostics of every SGD step's minibatch, computed together.
+
+    Inputs are `[E, M, b]` (epochs x minibatches x minibatch size): the log-probabilities
+    each step saw under its params and under the objective's anchor (`anchor_log_prob`: the
+    behaviour policy for PPO, the proximal policy for decoupled PPO), and that minibatch's
+    behaviour log-probs, advantages, weights and lags. Per minibatch (`[E, M]`): `approx_kl`
+    to the behaviour policy (Schulman 2020), clip / dual-clip fractions and ratio mean / std /
+    max of the clipped ratio pi / pi_anchor (`losses.ratio_stats`), `is_clip_fraction` (share
+    of samples whose weight pi_anchor / mu is truncated at `is_clip`; 0 for PPO); summed over
+    all minibatches (`[lag_buckets]`): sample counts, KL terms and clip indicators per lag
+    bucket. One batched computation per iteration instead of many tiny ones per SGD step (on
+    XLA:CPU each small op has a fixed cost), with the same values.
+    """
+    per_minibatch = lambda f: jax.vmap(jax.vmap(f))  # noqa: E731  over [E, M]
+    kl = per_minibatch(losses.approx_kl)(log_prob, behavior_log_prob, weight)
+    stats = per_minibatch(
+        lambda lp, alp, adv, w: losses.ratio_stats(lp, alp, adv, hparams.clip_eps, hparams.dual_clip, w)
+    )(log_prob, anchor, advantage, weight)
+    truncated = (anchor - behavior_log_prob > jnp.log(hparams.is_clip)).astype(jnp.float32)
+    is_clip_fraction = per_minibatch(losses.masked_mean)(truncated, weight)
+    kl_terms = losses.approx_kl_terms(log_prob - behavior_log_prob).reshape(-1)
+    clipped = (jnp.abs(jnp.exp(log_prob - anchor) - 1.0) > hparams.clip_eps).astype(jnp.float32).reshape(-1)
+    bucket = jax.nn.one_hot(jnp.minimum(lag, ctx.lag_buckets - 1).reshape(-1), ctx.lag_buckets) * weight.reshape(-1)[:, None]
+    return {
+        "approx_kl": kl,
+        **stats._asdict(),
+        "is_clip_fraction": is_clip_fraction,
+        "lag_count": jnp.sum(bucket, axis=0),
+        "lag_kl_sum": kl_terms @ bucket,
+        "lag_clip_sum": clipped @ bucket,
+    }
+
+def ess_metrics(ctx: LearnerContext, batch: Batch) -> dict[str, chex.Array]:
+    """Effective sample size of the batch's importance weights pi_learner / mu (the learner at
+    the start of the iteration over the behaviour policy), as a fraction of the kept samples:
+    `ess_fraction` (scalar) and `ess_fraction_per_lag` (`[lag_buckets]`, NaN where no sample
+    had that lag). Staleness spreads the weights, and a falling ESS is an early sign of
+    collapse under lag. Independent of the objective."""
+    log_weight = batch.prox_log_prob - batch.behavior_log_prob
+    bucket = jnp.minimum(batch.lag, ctx.lag_buckets - 1)
+    return {
+        "ess_fraction": losses.ess_fraction(log_weight, batch.weight, axis_name=ctx.axis_name)[0],
+        "ess_fraction_per_lag": losses.ess_fraction(log_weight, batch.weight, bucket, ctx.lag_buckets, ctx.axis_name),
+    }
+
+def iteration_metrics(
+    ctx: LearnerContext, per_minibatch: dict[str, chex.Array], batch: Batch, lag: chex.Array,
+    step_ran: chex.Array | None = None,
+) -> dict[str, chex.Array]:
+    """One iteration's metrics from the per-minibatch diagnostics `[E, M]`, the per-lag sums
+    `[lag_buckets]` (`minibatch_diagnostics`) and the batch.
+
+    Scalars are means over minibatches (over those with `step_ran` `[E, M]`, when given:
+    `slotted_epochs`); `approx_kl_max` / `ratio_max` maxima; per-lag KL and
+    clip fractions are pooled sums over buckets (NaN where no sample had that lag). Under data
+    parallelism every shard holds the same number of samples, so means average over devices,
+    counts and per-lag sums add up and maxima take the max.
+    """
+    per_minibatch = dict(per_minibatch)
+    lag_count, lag_kl_sum, lag_clip_sum = (per_minibatch.pop(k) for k in ("lag_count", "lag_kl_sum", "lag_clip_sum"))
+    lag_stats = lag_metrics(lag, batch.weight.reshape(lag.shape), ctx.lag_buckets)
+    if step_ran is None:
+        mean, largest = jnp.mean, jnp.max
+    else:
+        mean = lambda x: jnp.sum(jnp.where(step_ran, x, 0.0)) / jnp.maximum(jnp.sum(step_ran), 1)  # noqa: E731
+        largest = lambda x: jnp.max(jnp.where(step_ran, x, -jnp.inf))  # noqa: E731
+    metrics = {name: mean(value) for name, value in per_minibatch.items()}
+    metrics["explained_variance"] = explained_variance(batch.old_value, batch.target)
+    metrics["lag_mean"] = lag_stats.pop("lag_mean")
+    approx_kl_max = largest(per_minibatch["approx_kl"])
+    ratio_max = largest(per_minibatch["ratio_max"])
+    if ctx.axis_name is not None:
+        metrics = jax.lax.pmean(metrics, ctx.axis_name)
+        lag_count, lag_kl_sum, lag_clip_sum, lag_stats = jax.lax.psum(
+            (lag_count, lag_kl_sum, lag_clip_sum, lag_stats), ctx.axis_name
+        )
+        lag_stats["lag_max"] = jax.lax.pmax(jnp.max(lag), ctx.axis_name).astype(jnp.int32)
+        approx_kl_max, ratio_max = jax.lax.pmax((approx_kl_max, ratio_max), ctx.axis_name)
+    metrics.update(lag_stats)
+    metrics["approx_kl_max"] = approx_kl_max
+    metrics["ratio_max"] = ratio_max
+    metrics["kl_per_lag"] = jnp.where(lag_count > 0, lag_kl_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
+    metrics["clip_fraction_per_lag"] = jnp.where(lag_count > 0, lag_clip_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
+    return metrics
+
+def lag_metrics(lag: chex.Array, weight: chex.Array, num_buckets: int) -> dict[str, chex.Array]:
+    """Lag statistics of one consumed batch.
+
+    Args:
+      lag: `[...]` int32 sample lags.
+      weight: `[...]` 1.0 kept, 0.0 dropped as stale.
+      num_buckets: histogram length H; lags >= H - 1 share the last bucket.
+
+    Returns:
+      `lag_histogram [H]` (counts of all produced samples by lag, kept or not), `lag_mean`,
+      `lag_max`, `dropped_stale` (count with weight 0).
+    """
+    lag_f = lag.astype(jnp.float32)
+    histogram = jnp.sum(jax.nn.one_hot(jnp.minimum(lag, num_buckets - 1).reshape(-1), num_buckets), axis=0)
+    return {
+        "lag_histogram": histogram.astype(jnp.int32),
+        "lag_mean": jnp.mean(lag_f),
+        "lag_max": jnp.max(lag).astype(jnp.int32),
+        "dropped_stale": jnp.sum(1.0 - weight).astype(jnp.int32),
+    }
+
+def explained_variance(predictions: chex.Array, targets: chex.Array) -> chex.Array:
+    """1 - Var[targets - predictions] / Var[targets] (1 is perfect, <= 0 is useless)."""
+    var_targets = jnp.var(targets)
+    return jnp.where(var_targets > 0, 1.0 - jnp.var(targets - predictions) / var_targets, jnp.nan)
