@@ -21,7 +21,6 @@ import functools
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ppo_async import envs
 from ppo_async.core import learner
@@ -159,10 +158,6 @@ def simulated_setup(config: Config) -> tuple[SimulatedProgram, LagSchedule]:
     """Program and schedule of a simulated config."""
     schedule = make_schedule(config.lag, config.num_iterations)
     return make_simulated_program(config, schedule.ring_size), schedule
-
-
-def max_schedule_lag(schedule: LagSchedule) -> int:
-    return int(np.max(schedule.lag, initial=0))
 
 
 def schedule_records(schedule: LagSchedule) -> list[dict[str, int]]:

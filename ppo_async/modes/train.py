@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-import ppo_async.modes  # noqa: F401  (registers every mode)
 from ppo_async.config import Config, ConfigError
 from ppo_async.runtime.distributed import initialize, is_multi_process, process_log_path
 from ppo_async.run.policy import Policy, check_seed_index
 from ppo_async.run.recorder import RunRecorder, import_wandb
+from ppo_async.modes.common import seed_labels
 from ppo_async.modes.registry import get_mode
 from ppo_async.run.result import TrainResult
 from ppo_async.run.rundir import check_can_start, read_run_config, restore_checkpoint
@@ -57,7 +57,7 @@ def train(
     if process == 0:
         check_can_start(config, resume)  # before anything is compiled
         import_wandb(config)  # likewise: a missing optional package is reported at once
-    labels = [{"seed": config.seed + i} for i in range(config.num_seeds)]
+    labels = seed_labels(config)
     log = process_log_path(config.run_dir, process) if is_multi_process(config) and config.run_dir else None
     recorder = RunRecorder(config, labels, progress=progress and process == 0, on_iteration=on_iteration,
                            writes_files=process == 0, process_log=log)

@@ -26,7 +26,6 @@ WINDOW = 10
 DROP_WARN_FRACTION = 0.5
 KL_WARN = 0.03
 KL_WARN_ITERATIONS = 5
-HEALTH_FIELDS = ("dropped_fraction_window", "kl_high_streak", "warning")
 
 
 @dataclass

@@ -40,16 +40,6 @@ def apply_cpu_workarounds(environ: "os._Environ[str] | dict[str, str] | None" = 
     return env["XLA_FLAGS"]
 
 
-def backend_started() -> bool:
-    """True once JAX has initialised a backend (flags set later do not apply to this process)."""
-    try:
-        from jax._src import xla_bridge
-
-        return bool(xla_bridge._backends)
-    except Exception:  # noqa: BLE001 - private API; assume started if unknown
-        return True
-
-
 def default_compilation_cache_dir(environ: "os._Environ[str] | dict[str, str] | None" = None) -> str:
     """`$XDG_CACHE_HOME/ppo_async/jax`, or `~/.cache/ppo_async/jax` without XDG_CACHE_HOME."""
     env = os.environ if environ is None else environ
