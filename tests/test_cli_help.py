@@ -40,17 +40,36 @@ def test_train_help_describes_resume_quiet_config_and_the_run_dir_default(cli_ma
 
 
 @pytest.mark.parametrize("command,options", [
-    ("eval", ["--episodes N", "--step N", "--seed-index I", "--seed S", "--stochastic"]),
-    ("plot", ["--labels A B ...", "--out DIR"]),
-    ("compare", ["--labels A B ...", "--out DIR", "--threshold X", "first RUN_DIR's parent"]),
+    ("eval", ["RUN_DIR The run directory", "--episodes N Episodes to play. (default: 20)",
+              "--step N The checkpoint step (learner iteration) to load", "(default: the latest)",
+              "--seed-index I Which seed of a multi-seed run. (default: 0)", "--seed S Seed of the evaluation episodes",
+              "--stochastic, --no-stochastic Sample actions instead of the deterministic"]),
+    ("plot", ["RUN_DIR The run directories", "--labels A B ... One label per RUN_DIR",
+              "(default: the directories' names)", "--out DIR Where the combined learning curve",
+              "(default: the first RUN_DIR)"]),
+    ("compare", ["RUN_DIR The run directories", "--labels A B ... One label per RUN_DIR", "--out DIR Output directory",
+                 "(default: the first RUN_DIR's parent / \"compare\")",
+                 "--threshold X Also report the median env steps to reach return X"]),
+    ("tune", ["--config FILE JSON or YAML starting config", "--env NAME The env", "--kl-target X Mean KL",
+              "(default: 0.02)", "--budget-per-run N Env steps of each run", "--out DIR Output directory",
+              "--seeds N Threaded runs per setting", "--max-samplers N The most samplers step 2 tries",
+              "--throughput-target X Env steps/s at which step 3 is skipped", "--replay-seeds N Seeds of step 4",
+              "--quiet, --no-quiet Print only the chosen setting"]),
+    ("launch", ["--num-processes N Processes to start (>= 2). (required)", "--port PORT Coordinator port",
+                "-- train [TRAIN OPTIONS]"]),
 ])
 def test_command_help_shows_its_own_options(cli_main, command, options):
+    """The help tyro generates from each command's dataclass: the usage line names the command
+    (and RUN_DIR where it takes run directories), every option with its description."""
     for flag in ("--help", "-h"):
         proc = cli_main([command, flag])
         assert proc.returncode == 0 and proc.stderr == ""
-        assert proc.stdout.startswith(f"usage: python -m ppo_async {command} RUN_DIR")
+        usage = proc.stdout.splitlines()[0]
+        assert usage.startswith(f"usage: python -m ppo_async {command} ")
+        assert ("RUN_DIR" in usage) == (command in ("eval", "plot", "compare")), usage
+        text = flat(proc.stdout)
         for option in options:
-            assert option in proc.stdout, option
+            assert option in text, option
 
 
 def test_quiet_prints_only_the_one_line_summary(cli_main, tmp_path):

@@ -13,7 +13,8 @@ from PIL import Image
 
 import ppo_async as pa
 from ppo_async.report import plots
-from ppo_async.cli.commands import main, summary_text
+from ppo_async.cli import main
+from ppo_async.cli.tools import summary_text
 
 NAN = float("nan")
 TINY = dict(env="CartPole-v1", total_env_steps=256, rollout=pa.RolloutConfig(num_envs=4, num_steps=16),

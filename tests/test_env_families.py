@@ -273,7 +273,7 @@ def test_presets_fill_only_what_is_not_set():
 
 
 def test_cli_applies_the_preset_under_flags_and_config_file(tmp_path):
-    from ppo_async.cli.commands import parse_train_args
+    from ppo_async.cli import parse_train_args
 
     parsed = parse_train_args(["--env", "brax/inverted_pendulum", "--ppo.gamma", "0.9", "--run-dir", str(tmp_path / "a")])
     preset = presets.preset_for("brax/inverted_pendulum")

@@ -336,7 +336,7 @@ def test_a_sampler_stuck_in_the_env_is_named_in_a_timeout_error(monkeypatch, tmp
 
 
 def test_config_files_accept_dotted_keys_as_well_as_nested_ones(cli_main, tmp_path):
-    from ppo_async.cli.commands import nest_dotted_keys
+    from ppo_async.cli import nest_dotted_keys
 
     assert nest_dotted_keys({"ppo.gamma": 0.9, "ppo": {"clip_eps": 0.1}, "env": "CartPole-v1"}) == \
         {"ppo": {"gamma": 0.9, "clip_eps": 0.1}, "env": "CartPole-v1"}

@@ -13,7 +13,7 @@ import pytest
 
 import ppo_async as pa
 from ppo_async.report.analysis import run_measurements
-from ppo_async.cli.commands import main, parse_train_args
+from ppo_async.cli import main, parse_train_args
 from ppo_async.config import ConfigError, ThreadedConfig
 from ppo_async.study.tune import best_under_target, buffer_lengths, knee_of, markdown_table, start_config
 

@@ -1,5 +1,12 @@
-"""Layer 9, `cli/`: `python -m ppo_async COMMAND`. May import every layer below."""
+"""Layer 9, `cli/`: `python -m ppo_async COMMAND`, one tyro subcommand per command. May import every layer below.
 
-from ppo_async.cli.commands import main
+`dispatch` (the entry point `main` and the subcommands), `train`, `tools` (eval / plot /
+compare), `tune`, `launch`: each command a frozen dataclass of its options; `parsing` (tyro
+with one-line errors), `config_file` (`--config FILE`), `noise` (library noise at the entry point).
+"""
 
-__all__ = ["main"]
+from ppo_async.cli.config_file import nest_dotted_keys
+from ppo_async.cli.dispatch import main
+from ppo_async.cli.train import parse_train_args
+
+__all__ = ["main", "nest_dotted_keys", "parse_train_args"]

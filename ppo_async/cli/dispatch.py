@@ -1,0 +1,142 @@
+"""Command line: `python -m ppo_async COMMAND [OPTIONS]`, one tyro subcommand per command.
+
+Each command is a frozen dataclass of its options (`COMMANDS`; a docstring per field is its
+help) with a `run() -> int`. tyro parses the whole command line into one of them and
+generates every help text (`python -m ppo_async --help`, `python -m ppo_async COMMAND
+--help`). Two commands prepare their command line first: `train` builds the default its flags
+override (`--config FILE`, the env preset, `--resume RUN_DIR`: `cli.train.prepare`), and
+`launch` splits off the train options after `--`.
+
+User errors (bad values, unknown options or env names, unreadable files) print one line,
+`error: ...`, and exit with status 2, without a traceback (`cli.parsing`). Environment
+variables for XLA are set here, at the entry point, never at library import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import traceback
+from typing import Annotated, Any, Sequence, Union
+
+import tyro
+
+from ppo_async.cli.launch import LaunchCommand, split_launch
+from ppo_async.cli.parsing import PROG, parse
+from ppo_async.cli.noise import quiet_library_noise
+from ppo_async.cli.tools import CompareCommand, EvalCommand, PlotCommand
+from ppo_async.cli.train import TrainCommand, prepare
+from ppo_async.cli.tune import TuneCommand
+from ppo_async.errors import ConfigError, DistributedFailure
+from ppo_async.report.metrics import NonFiniteError
+from ppo_async.run.checkpoint import CheckpointError
+from ppo_async.runtime import distributed
+from ppo_async.runtime.xla_flags import enable_compilation_cache
+
+COMMANDS: dict[str, type] = {
+    "train": TrainCommand,
+    "eval": EvalCommand,
+    "plot": PlotCommand,
+    "compare": CompareCommand,
+    "tune": TuneCommand,
+    "launch": LaunchCommand,
+}
+"""The commands, in the order the help lists them."""
+
+DESCRIPTION = (
+    "Asynchronous PPO in JAX. `python -m ppo_async COMMAND --help` describes each command's options. Exit "
+    "status: 0 done; 2 a user error (one line on stderr); 3 NaN/inf in training; 4 another process of a "
+    "multi-process run failed or died; 130 interrupted."
+)
+
+
+def parse_command(argv: Sequence[str], join: bool = False) -> Any:
+    """The command of `argv` (`COMMAND [OPTIONS]`), parsed: an instance of a `COMMANDS` class.
+    ConfigError (one line) for a rejected command line; `--help` prints the help and raises
+    SystemExit(0). With `join`, `train` joins the processes of a multi-process run first."""
+    args = list(argv)
+    name = args[0] if args and not args[0].startswith("-") else ""
+    if name and name not in COMMANDS:
+        raise ConfigError(f"unknown command {name!r}: the commands are {', '.join(COMMANDS)} "
+                          f"(see {PROG} --help)")
+    defaults: dict[str, Any] = {}
+    train_args: list[str] = []
+    if name == "train":
+        rest, defaults["train"] = prepare(args[1:], join=join)
+        args = [name, *rest]
+    elif name == "launch":
+        own, train_args = split_launch(args[1:])
+        args = [name, *own]
+    choices = tuple(
+        Annotated[cls, tyro.conf.subcommand(command, default=defaults.get(command, tyro.MISSING_NONPROP))]
+        for command, cls in COMMANDS.items()
+    )
+    command = parse(Union[choices], args, command=name, description=DESCRIPTION)  # type: ignore[valid-type]
+    if isinstance(command, LaunchCommand):
+        command = dataclasses.replace(command, train_args=tuple(train_args))
+    return command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m ppo_async`; returns the exit status (2: user error, one line
+    on stderr; 3: NaN/inf in training; 4: another process of a multi-process run failed or
+    died; 130: interrupted). `--help` returns 0."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_library_noise()
+    enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
+    try:
+        return _finish_processes(_parse_and_run(argv))
+    except (ConfigError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return _finish_processes(2, str(exc))
+    except DistributedFailure as exc:  # another process failed first: its failure, not this one's
+        print(f"error: {exc}", file=sys.stderr)
+        return _finish_processes(DistributedFailure.exit_status, str(exc), report=False)
+    except NonFiniteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return _finish_processes(3, str(exc))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return _finish_processes(130, "interrupted")
+    except BaseException as exc:
+        if _joined_processes():  # the traceback, then out (see _finish_processes)
+            traceback.print_exc()
+            _finish_processes(1, f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def _parse_and_run(argv: list[str]) -> int:
+    try:
+        command = parse_command(argv, join=True)
+    except SystemExit as exc:  # --help: tyro printed it
+        return exc.code if isinstance(exc.code, int) else 0
+    return command.run()
+
+
+def _joined_processes() -> bool:
+    """Whether this process joined a multi-process run (jax.distributed) - without importing JAX."""
+    jax = sys.modules.get("jax")
+    return jax is not None and jax.distributed.is_initialized()
+
+
+def _finish_processes(code: int, failure: str = "", report: bool = True) -> int:
+    """The exit status of a command; in a multi-process run, leaves jax.distributed as well:
+    after success with its shutdown barrier (every process has finished); after a failure
+    with `os._exit` (a barrier with a failed peer would wait for it until aborted), once the
+    others can know why (`distributed.leave_after_failure`: process 0 waits for them)."""
+    if not _joined_processes():
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 0:
+        sys.modules["jax"].distributed.shutdown()
+        return code
+    distributed.leave_after_failure(failure or f"exit status {code}", report=report)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

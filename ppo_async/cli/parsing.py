@@ -1,0 +1,133 @@
+"""tyro parsing whose rejections are one-line `ConfigError`s (exit status 2 at the entry point).
+
+tyro reports a rejected command line in a box of several lines on stderr and exits with
+status 2. The CLI's contract is one line, `error: ...`, naming the option and the value. tyro
+(>= 1.0) announces each rejection to a hook before printing it (`tyro._errors`: private and
+unstable, so every use is guarded); the hook raises `ConfigError` with the line instead. A
+rejection the hook does not know, or a tyro without the hook, still ends as one line: the box
+tyro printed, flattened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import sys
+from typing import Any, Callable, Iterator, Sequence
+
+import tyro
+
+from ppo_async.errors import ConfigError
+
+try:  # tyro >= 1.0; older versions print their box, flattened below
+    from tyro import _errors as tyro_errors
+except ImportError:  # pragma: no cover - depends on the installed tyro
+    tyro_errors = None
+
+PROG = "python -m ppo_async"
+
+
+def parse(target: Any, args: Sequence[str], prog: str = PROG, *, command: str = "", default: Any = tyro.MISSING_NONPROP,
+          description: str | None = None, unknown: Callable[[list[str]], str] | None = None,
+          return_unknown_args: bool = False, add_help: bool = True) -> Any:
+    """`tyro.cli(target, args=args, ...)`; a rejected command line raises ConfigError with one
+    line, prefixed `COMMAND: ` when `command` is given (`unknown(tokens)` for unrecognised
+    arguments, when given). `--help` prints the help and raises SystemExit(0), as tyro does."""
+    captured = io.StringIO()
+    hook = _Hook(list(args), command, unknown)
+    try:
+        with contextlib.redirect_stderr(captured), _on_parse_error(hook):
+            parsed = tyro.cli(target, args=list(args), prog=prog, default=default, description=description,
+                              return_unknown_args=return_unknown_args, add_help=add_help)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise ConfigError(hook.prefix + (flatten(captured.getvalue()) or f"invalid arguments {list(args)}")) from None
+        sys.stderr.write(captured.getvalue())
+        raise
+    sys.stderr.write(captured.getvalue())  # what else was printed meanwhile (warnings)
+    return parsed
+
+
+@contextlib.contextmanager
+def _on_parse_error(hook: Callable[[Any], None]) -> Iterator[None]:
+    if tyro_errors is None or not hasattr(tyro_errors, "on_parse_error"):  # pragma: no cover
+        yield
+        return
+    with tyro_errors.on_parse_error(hook):
+        yield
+
+
+def flatten(box: str) -> str:
+    """tyro's error box as one line: no box drawing, no help footer, whitespace collapsed."""
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", box).split())
+    return re.sub(r"\s*For full helptext, (run|see) .*$", "", text).strip()
+
+
+class _Hook:
+    """Turns tyro's parse-error events into one-line ConfigErrors (unknown events fall through)."""
+
+    def __init__(self, args: list[str], command: str, unknown: Callable[[list[str]], str] | None) -> None:
+        self.args, self.unknown = args, unknown
+        self.prefix = f"{command}: " if command else ""
+        self.see = f"(see {PROG} {command} --help)" if command else f"(see {PROG} --help)"
+
+    def __call__(self, event: Any) -> None:
+        try:
+            message = self.message(event)
+        except AttributeError:  # pragma: no cover - an event shaped otherwise in another tyro
+            return
+        if message is not None:
+            raise ConfigError(self.prefix + message)
+
+    def message(self, event: Any) -> str | None:
+        see = self.see
+        if isinstance(event, tyro_errors.UnrecognizedArgs):
+            if self.unknown is not None:
+                return self.unknown(list(event.tokens))
+            options = [t for t in event.tokens if t.startswith("-")]
+            if options:
+                return f"unknown option(s) {options} {see}"
+            return f"unexpected argument(s) {list(event.tokens)} {see}"
+        if isinstance(event, tyro_errors.MissingArgs):
+            names = [_name(a.arg) for a in event.missing_arguments]
+            return f"{' '.join(names)} is required {see}" if len(names) == 1 else f"{', '.join(names)} are required {see}"
+        if isinstance(event, tyro_errors.MissingSubcommand):
+            return f"a command is required: one of {', '.join(event.subcommand_spec.parser_from_name)} {see}"
+        if isinstance(event, tyro_errors.InvalidChoice):
+            return f"{_name(event.argument)} = {event.value!r} is invalid: must be one of {', '.join(event.choices)}"
+        if isinstance(event, tyro_errors.BadValue) and event.reason == "too_few_values":
+            return f"{_name(event.argument)} needs a value {see}"
+        if isinstance(event, tyro_errors.InstantiationFailure):
+            return self.invalid(event.argument, event.message)
+        return None
+
+    def invalid(self, argument: Any, message: str) -> str:
+        """The line of a value that did not convert (or a check that failed: its own message)."""
+        if argument is None:
+            return " ".join(message.split())
+        flags = list(argument.lowered.name_or_flags) or [_name(argument)]
+        value = next((self.args[i + 1] for i, a in enumerate(self.args[:-1]) if a in flags), None)
+        value = value if value is not None else next(
+            (a.split("=", 1)[1] for a in self.args if a.split("=", 1)[0] in flags and "=" in a), None)
+        kind = _kind(argument.field.type_stripped)
+        rule = f"must be {kind}" if kind else " ".join(message.split())
+        return f"{flags[0]} = {value!r} is invalid: {rule}" if value is not None else f"{flags[0]}: {rule}"
+
+
+def _name(argument: Any) -> str:
+    """How the help names an argument: its flag, or a positional's metavar."""
+    flags = list(argument.lowered.name_or_flags)
+    if flags and flags[0].startswith("-"):
+        return flags[0]
+    return argument.lowered.metavar or argument.field.intern_name.upper()
+
+
+def _kind(annotation: Any) -> str | None:
+    """"an integer" / "a number" for int / float annotations (optional or not), else None."""
+    names = re.findall(r"\b(int|float)\b", str(getattr(annotation, "__name__", annotation)))
+    if "int" in names and "float" not in names:
+        return "an integer"
+    if "float" in names:
+        return "a number"
+    return None

@@ -1,0 +1,178 @@
+"""The commands on finished runs: `eval` (play a checkpoint's policy), `plot` (write a run's
+PNG plots) and `compare` (overlaid figures and the summary table of several runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Annotated, Any, Sequence
+
+import pandas as pd
+import tyro
+
+from ppo_async.errors import ConfigError
+from ppo_async.modes.train import load
+from ppo_async.report import plots
+from ppo_async.report.analysis import summarize
+from ppo_async.run.policy import evaluate
+
+RunDirs = Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR", help_behavior_hint="(one or more)")]
+Labels = Annotated[tuple[str, ...] | None, tyro.conf.arg(metavar="A B ...", help_behavior_hint="(default: the directories' names)")]
+
+
+def check_run_dir(run_dir: str) -> None:
+    """ConfigError unless `run_dir` is a directory holding metrics.jsonl."""
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"run directory {run_dir!r} does not exist")
+    if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
+        raise ConfigError(f"{run_dir!r} is not a run directory: no metrics.jsonl in it")
+
+
+def _dir_name(run_dir: str) -> str:
+    return os.path.basename(os.path.normpath(os.path.abspath(run_dir)))
+
+
+def run_labels(run_dirs: Sequence[str], labels: Sequence[str] | None) -> list[str]:
+    """One label per run dir: `labels` (ConfigError unless one per dir, all different) or
+    the directories' names (a repeated name falls back to the path as given)."""
+    if labels is not None:
+        if len(labels) != len(run_dirs):
+            raise ConfigError(
+                f"--labels: got {len(labels)} label(s) {list(labels)} for {len(run_dirs)} run dir(s); give one label per RUN_DIR"
+            )
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"--labels: {list(labels)} has repeated labels; each run needs its own")
+        return list(labels)
+    names = [_dir_name(d) for d in run_dirs]
+    return [name if names.count(name) == 1 else run_dir for name, run_dir in zip(names, run_dirs)]
+
+
+def _check_runs(run_dirs: Sequence[str], labels: Sequence[str] | None) -> None:
+    if not run_dirs:
+        raise ConfigError("at least one RUN_DIR is required")
+    run_labels(run_dirs, labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalCommand:
+    """Plays episodes with the policy of a checkpoint of RUN_DIR and prints the mean return."""
+
+    run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    """The run directory (from `train`) whose checkpoint is played."""
+    episodes: Annotated[int, tyro.conf.arg(metavar="N")] = 20
+    """Episodes to play."""
+    step: Annotated[int | None, tyro.conf.arg(metavar="N", help_behavior_hint="(default: the latest)")] = None
+    """The checkpoint step (learner iteration) to load; an absent step is an error listing the available ones."""
+    seed_index: Annotated[int, tyro.conf.arg(metavar="I")] = 0
+    """Which seed of a multi-seed run."""
+    seed: Annotated[int, tyro.conf.arg(metavar="S")] = 0
+    """Seed of the evaluation episodes."""
+    stochastic: bool = False
+    """Sample actions instead of the deterministic (mean / argmax) action."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ConfigError(f"--episodes = {self.episodes} is invalid: must be an integer >= 1")
+        if self.step is not None and self.step < 0:
+            raise ConfigError(f"--step = {self.step} is invalid: must be a checkpoint step >= 0")
+
+    def run(self) -> int:
+        policy = load(self.run_dir, seed_index=self.seed_index, step=self.step)
+        returns = evaluate(policy, self.episodes, seed=self.seed, deterministic=not self.stochastic)["returns"]
+        kind = "stochastic" if self.stochastic else "deterministic"
+        print(f"mean return {float(returns.mean()):.2f} +- {float(returns.std()):.2f} over {self.episodes} episodes "
+              f"({kind} policy, seed index {self.seed_index}, iteration {policy.iteration})", flush=True)
+        return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotCommand:
+    """(Re)writes the PNG plots of each run into its RUN_DIR and prints the paths written:
+    learning_curve.png, kl_over_time.png, throughput.png, and lag_histogram.png, kl_per_lag.png,
+    sampler_time.png where the metrics have those columns; with several runs also a combined
+    learning curve."""
+
+    run_dirs: RunDirs
+    """The run directories (each holds metrics.jsonl)."""
+    labels: Labels = None
+    """One label per RUN_DIR, in order, for the legends; takes every value up to the next option."""
+    out: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: the first RUN_DIR)")] = None
+    """Where the combined learning curve of several runs, learning_curve_combined.png, goes."""
+
+    def __post_init__(self) -> None:
+        _check_runs(self.run_dirs, self.labels)
+
+    def run(self) -> int:
+        for run_dir in self.run_dirs:
+            check_run_dir(run_dir)
+        for path in write_plots(self.run_dirs, self.out, self.labels):
+            print(path)
+        return 0
+
+
+def write_plots(run_dirs: Sequence[str], out: str | None = None, labels: Sequence[str] | None = None) -> list[str]:
+    """`plots.plot_run` of every run; with several runs also `learning_curve_combined.png`
+    (median and 25-75% band per run, labelled by `labels`, default the directory names) in
+    `out` (default: the first run dir)."""
+    labels = run_labels(run_dirs, labels)
+    written: list[str] = []
+    for run_dir, label in zip(run_dirs, labels):
+        written.extend(plots.plot_run(run_dir, label=label))
+    if len(run_dirs) > 1:
+        runs = {label: plots.read_run_metrics(d, "plot") for d, label in zip(run_dirs, labels)}
+        path = os.path.join(out or run_dirs[0], "learning_curve_combined.png")
+        plots.learning_curve(runs, x="env_steps", path=path)
+        written.append(path)
+    return written
+
+
+def default_compare_dir(run_dirs: Sequence[str]) -> str:
+    """`compare`'s default --out: the first run dir's parent / "compare"."""
+    return os.path.join(os.path.dirname(os.path.normpath(os.path.abspath(run_dirs[0]))), "compare")
+
+
+def summary_text(table: Any) -> str:
+    """A summary table (`summarize` rows, indexed by run label) as printed by `compare`:
+    floats in `%.6g`, NaN as "nan", one line per run."""
+    return table.to_string(float_format=lambda v: f"{v:.6g}", na_rep="nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareCommand:
+    """Overlaid figures of several runs and their summary table: writes
+    return_vs_env_steps.png and return_vs_wall_time.png (median over seeds, 25-75% band),
+    kl_over_time.png, lag_histogram.png (the fraction of samples per lag) and summary.csv into
+    the output directory, and prints the summary table (ppo_async.summarize), one row per run."""
+
+    run_dirs: RunDirs
+    """The run directories (each holds metrics.jsonl)."""
+    labels: Labels = None
+    """One label per RUN_DIR, in order; takes every value up to the next option."""
+    out: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: the first RUN_DIR's parent / \"compare\")")] = None
+    """Output directory."""
+    threshold: Annotated[float | None, tyro.conf.arg(metavar="X", help_behavior_hint="(default: none)")] = None
+    """Also report the median env steps to reach return X and how many seeds reach it ("k/n")."""
+
+    def __post_init__(self) -> None:
+        _check_runs(self.run_dirs, self.labels)
+
+    def run(self) -> int:
+        for run_dir in self.run_dirs:
+            check_run_dir(run_dir)
+        runs = {}
+        for run_dir, label in zip(self.run_dirs, run_labels(self.run_dirs, self.labels)):
+            try:
+                runs[label] = plots.read_run_metrics(run_dir, "compare")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        out = self.out or default_compare_dir(self.run_dirs)
+        written = plots.compare_runs(runs, out)
+        table = pd.concat([summarize(df, threshold=self.threshold) for df in runs.values()], ignore_index=True)
+        table.index = pd.Index(list(runs), name="run")
+        table.to_csv(os.path.join(out, "summary.csv"))
+        written.append(os.path.join(out, "summary.csv"))
+        print(f"compare: {len(runs)} runs -> {out}")
+        for path in written:
+            print(path)
+        print(summary_text(table), flush=True)
+        return 0

@@ -1,0 +1,193 @@
+"""`python -m ppo_async train`: every `Config` field a flag, `--config FILE` under them, the env
+preset under both; `train --resume RUN_DIR` continues a run.
+
+The flags are parsed by tyro over a default built before the parse (`prepare`): the config
+file's fields, and the env's preset on the fields the file leaves out (the env, and the mode,
+as the flags or the file say). A flag overrides its default either way, so the preset fills
+exactly what neither the file nor a flag sets. With `--resume RUN_DIR` the default is the
+run's own config and only `--quiet` and `--total-env-steps N` may change it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from typing import Annotated, Any, Sequence
+
+import numpy as np
+import tyro
+
+from ppo_async.cli.parsing import PROG, parse
+from ppo_async.cli.config_file import load_config_file
+from ppo_async.config import Config, config_from_dict, get_path, presets, replace_paths
+from ppo_async.modes.train import train
+from ppo_async.run.rundir import read_run_config
+from ppo_async.runtime import distributed
+
+CLI_RUN_DIR = "runs/<env>-<mode>-<timestamp>"
+"""The CLI's default --run-dir (shown by `train --help`); replaced by `default_run_dir`."""
+
+
+def default_run_dir(env: str, mode: str) -> str:
+    """runs/<env>-<mode>-<timestamp>."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{env}-{mode}-{stamp}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CliConfig(Config):
+    """`Config` with the command line's default run directory."""
+
+    run_dir: str | None = CLI_RUN_DIR
+    """Directory for config.json, metrics.jsonl, checkpoints/, tb/ and plots. CLI default: a new runs/<env>-<mode>-<timestamp> (e.g. runs/Pendulum-v1-sync-20250101-120000); None means the same."""
+
+
+def cli_config(config: Config) -> CliConfig:
+    """`config` as the parse's default (no run_dir: the CLI's default one)."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(Config)}
+    return CliConfig(**{**values, "run_dir": config.run_dir or CLI_RUN_DIR})
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRun:
+    """A parsed `train` command line: the validated config (its run_dir resolved) and the rest."""
+
+    cfg: Config
+    quiet: bool = False
+    config: str | None = None
+    resume: str | None = None
+    preset: dict = dataclasses.field(default_factory=dict)
+    """The env preset's fields applied (dotted field -> value): those neither the file nor a flag set."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainCommand:
+    """Train PPO on an environment (gymnax, brax/*, playground/*, gymnasium/*). Every Config
+    field is a flag; flags override the config of --config FILE, and the env's preset (README)
+    fills the fields neither sets. Writes RUN_DIR/config.json and RUN_DIR/metrics.jsonl. With a
+    run directory, train --resume RUN_DIR continues that run from its latest checkpoint instead
+    (other options: only --quiet, and --total-env-steps N to extend it)."""
+
+    cfg: Annotated[CliConfig, tyro.conf.arg(name="")] = dataclasses.field(default_factory=CliConfig)
+    quiet: bool = False
+    """No progress bar or start line; still prints the one-line summary (final return, run dir)."""
+    config: Annotated[str | None, tyro.conf.arg(metavar="FILE")] = None
+    """JSON or YAML file with a (partial, nested) config; command-line flags override it."""
+    resume: Annotated[str | None, tyro.conf.arg(metavar="RUN_DIR")] = None
+    """Continue the run in RUN_DIR from its latest complete checkpoint, with the config in RUN_DIR/config.json (other flags: only --quiet, and --total-env-steps N to extend it)."""
+    preset: tyro.conf.Suppress[dict] = dataclasses.field(default_factory=dict)
+    """The env preset's fields in the default (dotted field -> value)."""
+
+    def resolved(self) -> TrainRun:
+        """The run: a plain `Config` with the CLI default run_dir made concrete, and the preset
+        fields that kept the preset's value."""
+        cfg = self.cfg
+        run_dir = cfg.run_dir if cfg.run_dir not in (None, CLI_RUN_DIR) else default_run_dir(cfg.env, cfg.mode)
+        config = Config(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)}, "run_dir": run_dir})
+        applied = {path: value for path, value in self.preset.items() if get_path(config, path) == value}
+        return TrainRun(cfg=config, quiet=self.quiet, config=self.config, resume=self.resume, preset=applied)
+
+    def run(self) -> int:
+        return run_train(self.resolved())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Given:
+    """What the default of the full parse depends on (read first; every other flag is left over)."""
+
+    config: str | None = None
+    resume: str | None = None
+    env: str | None = None
+    mode: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _ResumeOptions:
+    """The options `train --resume RUN_DIR` accepts."""
+
+    resume: str
+    quiet: bool = False
+    total_env_steps: int | None = None
+
+
+def _resume_refusal(tokens: list[str]) -> str:
+    return (f"train --resume takes the config from RUN_DIR/config.json; unexpected arguments {tokens} "
+            "(only --quiet and --total-env-steps N are allowed)")
+
+
+def prepare(args: Sequence[str], join: bool = False) -> tuple[list[str], TrainCommand]:
+    """(the options to parse, the parse's default) of `train ARGS`. With `join`, a run of several
+    processes (`--distributed.*`, here or in `--config`) is joined first, since checking a gymnax
+    env name imports gymnax, which runs JAX; the layout a cluster gave is added to the options."""
+    args = list(args)
+    given, rest = parse(_Given, args, command="train", return_unknown_args=True, add_help=False)
+    helping = any(a in ("-h", "--help") for a in rest)
+    if given.resume is not None and not helping:
+        parse(_ResumeOptions, args, command="", unknown=_resume_refusal)
+        return args, TrainCommand(cfg=cli_config(read_run_config(given.resume)), resume=given.resume)
+    file_data = load_config_file(given.config) if given.config else {}
+    if join and not helping:
+        args += _join_processes(args, file_data)
+    base = config_from_dict(file_data) if given.config else Config()
+    env, mode = given.env or base.env, given.mode or base.mode
+    preset = presets.preset_changes(env, file_data)
+    if preset:  # the preset on the file's config, for the env and mode as given
+        base = replace_paths(base, {"env": env, "mode": mode, **preset})
+    return args, TrainCommand(cfg=cli_config(base), config=given.config, preset=preset)
+
+
+def _join_processes(args: Sequence[str], file_data: dict) -> list[str]:
+    """Joins the processes of a multi-process run (nothing for one process); returns the
+    options the full parse needs on top of `args`: the layout a cluster gave (else none)."""
+    section = file_data.get("distributed", {})
+    section = section if isinstance(section, dict) else {}
+    if not section and not any(a.startswith("--distributed.") for a in args):
+        return []
+    asked = distributed.distributed_from_args(args, section)
+    joined = distributed.initialize(asked)
+    return distributed.cluster_flags(joined) if asked.cluster != "none" and asked.process_id is None else []
+
+
+def parse_train_args(args: Sequence[str]) -> TrainRun:
+    """The `train` options (without the command name) as a validated run (ConfigError on bad
+    values; `--help` prints every option and raises SystemExit(0)). Without `--run-dir` (here
+    or in `--config`) the run goes to `default_run_dir(env, mode)`. Joins no processes."""
+    args, default = prepare(args)
+    command = parse(TrainCommand, args, f"{PROG} train", command="train", default=default)
+    return command.resolved()
+
+
+def run_train(run: TrainRun) -> int:
+    """Trains: a start line, the progress bar and a two-line summary; with `--quiet` only one
+    line, the final return and the run directory. Warnings of the run are printed either way."""
+    config = run.cfg
+    if not run.quiet:
+        print(f"ppo_async: {config.env}, mode={config.mode}, {config.num_seeds} seed(s) x "
+              f"{config.num_iterations * config.batch_size} env steps -> {config.run_dir}"
+              + (" (resuming)" if run.resume is not None else ""), flush=True)
+        if run.preset:
+            print(f"env preset for {config.env} (fields no flag or --config set): {presets.describe(run.preset)}",
+                  flush=True)
+    result = train(config, progress=not run.quiet, resume=run.resume is not None)
+    finals = _finals(result.final_returns())
+    for message in result.extras.get("warnings", []):  # see ppo_async.report.health: even with --quiet
+        print(f"warning: {message}", flush=True)
+    if run.quiet:
+        print(f"final return (mean of last 10% of iterations): {finals}; run dir: {config.run_dir}", flush=True)
+        return 0
+    steps = config.num_iterations * config.batch_size
+    sps = steps * config.num_seeds / max(result.run_seconds, 1e-9)
+    print(f"done: {steps} env steps per seed in {result.run_seconds:.1f}s (+{result.compile_seconds:.1f}s compile), "
+          f"{sps:,.0f} env steps/s; final return (mean of last 10% of iterations): {finals}", flush=True)
+    print(f"metrics: {os.path.join(config.run_dir, 'metrics.jsonl')}", flush=True)
+    return 0
+
+
+def _finals(final: Any) -> str:
+    """Each seed's final return ("none ended" for NaN), and their mean when several have one."""
+    text = ", ".join("none ended" if np.isnan(r) else f"{r:.1f}" for r in final)
+    if len(final) > 1 and not np.all(np.isnan(final)):
+        text += f" (mean {np.nanmean(final):.1f})"
+    return text
+
