@@ -301,14 +301,17 @@ def test_run_frames_reduce_the_lists_to_what_every_row_would_draw(tmp_path):
 
 def test_run_frames_bin_long_runs_to_a_bounded_number_of_points(tmp_path, monkeypatch):
     """Beyond MAX_CURVE_POINTS rows the curves are binned per seed (the end of a long run's
-    plots holds a bounded number of points): a bin's position is its last row's, approx_kl_max
-    its maximum, every other column the mean of its finite values (element-wise for lists)."""
+    plots holds a bounded number of points), each bin folded by the metric rules as a
+    `log_every` row is: its position is its last row's, approx_kl its mean, approx_kl_max its
+    maximum, episode_return weighted by the episodes each row finished, steps_per_second the
+    harmonic mean, sampler_steps_per_second the last row's."""
     rows = []
     for i in range(1, 12):  # 11 iterations x 2 seeds, interleaved as a multi-seed run writes them
         for seed in (0, 1):
             rows.append({"seed": seed, "iteration": i, "env_steps": 32 * i, "wall_time": 0.1 * i,
                          "approx_kl": 0.01 * i * (seed + 1), "approx_kl_max": 0.02 * i * (seed + 1),
-                         "episode_return": None if i % 2 else -float(i * (seed + 1)), "steps_per_second": 100.0 * i,
+                         "episode_return": None if i % 2 else -float(i * (seed + 1)), "episodes_finished": 0 if i % 2 else 1,
+                         "steps_per_second": 100.0 * i,
                          "sampler_steps_per_second": [float(i), None if i == 2 else 2.0 * i], "lag_histogram": [i, 1]})
     write_run(tmp_path, rows)
     monkeypatch.setattr(plots, "MAX_CURVE_POINTS", 4)  # 22 rows -> 6 rows per point; the last bin holds 5
@@ -320,8 +323,10 @@ def test_run_frames_bin_long_runs_to_a_bounded_number_of_points(tmp_path, monkey
     np.testing.assert_allclose(curves["approx_kl"], [0.035, 0.07, 0.09, 0.18])  # means of 1..6 and 7..11, x 0.01 (x 2)
     np.testing.assert_allclose(curves["approx_kl_max"], [0.12, 0.24, 0.22, 0.44])  # maxima
     np.testing.assert_allclose(curves["episode_return"], [-4.0, -8.0, -9.0, -18.0])  # the even iterations' returns
-    np.testing.assert_allclose(curves["steps_per_second"], [350.0, 350.0, 900.0, 900.0])
-    assert curves["sampler_steps_per_second"][0] == pytest.approx([3.5, 7.6])  # (2 + 6 + 8 + 10 + 12) / 5: None skipped
+    np.testing.assert_allclose(curves["episodes_finished"], [3, 3, 2, 2])  # summed
+    harmonic = [6 / sum(1 / (100.0 * i) for i in range(1, 7)), 5 / sum(1 / (100.0 * i) for i in range(7, 12))]
+    np.testing.assert_allclose(curves["steps_per_second"], [harmonic[0], harmonic[0], harmonic[1], harmonic[1]])
+    assert curves["sampler_steps_per_second"][0] == [6.0, 12.0]  # the bin's last row's
     np.testing.assert_array_equal(plots.summed_lag_histogram(lists), [132, 22])  # the lists still see every row
     full = plots.read_run_metrics(tmp_path)  # the same reduction by hand from every row
     for seed, (lo, hi) in [(0, (1, 6)), (1, (7, 11))]:
@@ -344,3 +349,53 @@ def test_run_frames_bin_long_runs_to_a_bounded_number_of_points(tmp_path, monkey
     assert curves.attrs["rows_per_point"] == 1 and len(curves) == 22
     assert curves["iteration"].tolist() == [r["iteration"] for r in rows]
     assert "rows per point" not in plots.throughput(curves).axes[0].get_title()
+
+
+def _same(a, b) -> bool:
+    """Equal metric values, None and NaN alike (a DataFrame holds a missing number as NaN)."""
+    if isinstance(a, list) or isinstance(b, list):
+        return isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(map(_same, a, b))
+    missing = [v is None or (isinstance(v, float) and np.isnan(v)) for v in (a, b)]
+    return missing[0] == missing[1] and (missing[0] or a == b)
+
+
+def test_a_binned_curve_equals_aggregate_rows_on_the_same_rows(tmp_path, monkeypatch):
+    """One table of metric rules (`aggregate.FIELD_RULES`): each curve point of a binned run
+    is `aggregate_rows` of its bin's rows (what a run with `log_every` = rows per point would
+    have logged), for a field of every rule: last (iteration, env_steps, wall_time,
+    sampler_steps_per_second), mean (approx_kl), max (approx_kl_max), sum (episodes_finished),
+    episodes (episode_return, with bins where no episode finished at all and rows of a bin
+    with none), harmonic (steps_per_second, a None among them)."""
+    from ppo_async.report.aggregate import FIELD_RULES, aggregate_rows
+    from ppo_async.report.metrics import read_jsonl
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(1, 24):  # 23 iterations x 2 seeds; seed 1 finishes no episode in iterations 7-12 (a whole bin)
+        for seed in (0, 1):
+            finished = 0 if (seed == 1 and 7 <= i <= 12) or rng.random() < 0.4 else int(rng.integers(1, 5))
+            rows.append({"seed": seed, "iteration": i, "env_steps": 64 * i, "wall_time": 0.05 * i + 0.01 * seed,
+                         "approx_kl": float(rng.uniform(0, 0.02)), "approx_kl_max": float(rng.uniform(0.02, 0.05)),
+                         "episodes_finished": finished, "episode_return": float(rng.normal(-300, 50)) if finished else None,
+                         "steps_per_second": None if i == 9 else float(rng.uniform(1e3, 5e3)),
+                         "sampler_steps_per_second": [float(rng.uniform(500, 900)), float(rng.uniform(500, 900))]})
+    write_run(tmp_path, rows)
+    monkeypatch.setattr(plots, "MAX_CURVE_POINTS", 8)  # 46 rows -> 6 rows per point; each seed's last bin holds 5
+    curves, _ = plots.run_frames(tmp_path)
+    assert curves.attrs["rows_per_point"] == 6 and len(curves) == 8
+    written = read_jsonl(tmp_path / "metrics.jsonl")
+    columns = ("iteration", "env_steps", "wall_time", "approx_kl", "approx_kl_max", "episodes_finished",
+               "episode_return", "steps_per_second", "sampler_steps_per_second")
+    assert {FIELD_RULES.get(c) for c in columns} == {"last", None, "max", "sum", "episodes", "harmonic"}
+    points = curves.to_dict("records")
+    for seed in (0, 1):
+        mine = [r for r in written if r["seed"] == seed]
+        bins = [mine[k:k + 6] for k in range(0, len(mine), 6)]
+        expected = [aggregate_rows(b) for b in bins]
+        got = [p for p in points if p["seed"] == seed]
+        assert len(got) == len(expected) == 4
+        for point, want in zip(got, expected):
+            for name in columns:
+                assert _same(point[name], want[name]), (seed, point["iteration"], name, point[name], want[name])
+    no_episodes = [p for p in points if p["seed"] == 1 and p["iteration"] == 12][0]
+    assert np.isnan(no_episodes["episode_return"]) and no_episodes["episodes_finished"] == 0

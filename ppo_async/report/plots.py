@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ppo_async.report import analysis
+from ppo_async.report.aggregate import RowFold
 
 __all__ = [
     "learning_curve",
@@ -613,7 +614,8 @@ def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
 
     The file is read once, line by line (`run_frames`): the list-valued columns are reduced as
     they are read, and beyond `MAX_CURVE_POINTS` rows the curves are binned (each point the
-    mean of consecutive rows of a seed; the figures' titles then say how many), so the memory
+    consecutive rows of a seed folded by the metric rules, `aggregate.RowFold`, as a
+    `log_every` row; the figures' titles then say how many), so the memory
     the plots at the end of a run need does not grow with its length."""
     run_dir = os.fspath(run_dir)
     curves, lists = run_frames(run_dir, "plot_run")
@@ -642,10 +644,11 @@ def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
     return written
 
 
-# The columns `plot_run` reads (of the rows that have them): scalars drawn per row ...
+# The columns `plot_run` reads (of the rows that have them): scalars drawn per row (and
+# `episodes_finished`, the weight of `episode_return` when rows are binned) ...
 PLOT_RUN_CURVE_COLUMNS = (
-    "seed", "config_id", "iteration", "env_steps", "wall_time", "episode_return", "approx_kl", "approx_kl_max",
-    "steps_per_second", "sampler_steps_per_second",
+    "seed", "config_id", "iteration", "env_steps", "wall_time", "episode_return", "episodes_finished", "approx_kl",
+    "approx_kl_max", "steps_per_second", "sampler_steps_per_second",
 )
 # ... and lists, reduced over the rows as they are read.
 PLOT_RUN_LIST_COLUMNS = ("lag_histogram", "kl_per_lag", *(c for c, _ in SAMPLER_TIME_COLUMNS))
@@ -676,78 +679,32 @@ class _PaddedSum:
 
 # Beyond this many metrics rows, `run_frames` bins the curves (so what the end of a run's plots
 # hold does not grow with its length): each curve point then stands for `rows_per_point`
-# consecutive rows of one seed (`_CurveBin`). 4,000 points are several per pixel of a figure.
+# consecutive rows of one seed, folded by the metric rules (`aggregate.RowFold`, as a
+# `log_every` row is). 4,000 points are several per pixel of a figure.
 MAX_CURVE_POINTS = 4000
-_BIN_LAST = ("seed", "config_id", "iteration", "env_steps", "wall_time")  # a bin's point: where it ends
-_BIN_MAX = ("approx_kl_max",)  # a bin's maximum; every other curve column: the mean of its finite values
-
-
-def _finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-class _CurveBin:
-    """The running reduction of consecutive curve rows of one seed to one row: the
-    `_BIN_LAST` columns take the last value, `_BIN_MAX` the maximum of the finite values,
-    every other column the mean of its finite values (element-wise for lists, e.g.
-    `sampler_steps_per_second`); None where a column had no finite value. Holds no row."""
-
-    def __init__(self) -> None:
-        self.rows = 0
-        self.last: dict[str, Any] = {}
-        self.maxima: dict[str, float] = {}
-        self.sums: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
-        self.lists: dict[str, _PaddedSum] = {}
-        self.seen: set[str] = set()
-
-    def add(self, row: Mapping[str, Any]) -> None:
-        self.rows += 1
-        for name in PLOT_RUN_CURVE_COLUMNS:
-            if name not in row:
-                continue
-            value = row[name]
-            self.seen.add(name)
-            if name in _BIN_LAST:
-                self.last[name] = value
-            elif isinstance(value, list):
-                self.lists.setdefault(name, _PaddedSum()).add(value)
-            elif not _finite_number(value):
-                continue
-            elif name in _BIN_MAX:
-                self.maxima[name] = max(self.maxima.get(name, value), value)
-            else:
-                self.sums[name] = self.sums.get(name, 0.0) + value
-                self.counts[name] = self.counts.get(name, 0) + 1
-
-    def row(self) -> dict[str, Any]:
-        """The reduced row (the columns any of the rows had)."""
-        out: dict[str, Any] = {name: None for name in self.seen}
-        out.update(self.last)
-        out.update(self.maxima)
-        out.update({name: total / self.counts[name] for name, total in self.sums.items()})
-        out.update({name: sums.mean().tolist() for name, sums in self.lists.items()})
-        return out
 
 
 class _Curves:
     """The curve columns of `run_frames`, built row by row: every row when `rows_per_point` is
-    1, else one point per `rows_per_point` consecutive rows of each (config_id, seed)
-    (`_CurveBin`; a seed's last bin may hold fewer)."""
+    1, else one point per `rows_per_point` consecutive rows of each (config_id, seed), folded
+    as `aggregate.aggregate_rows` folds a `log_every` window (`aggregate.RowFold`, which holds
+    no row but the last; a seed's last bin may hold fewer rows)."""
 
     def __init__(self, rows_per_point: int) -> None:
         self.rows_per_point = rows_per_point
         self.columns: dict[str, list[Any]] = {}
         self.points = 0
-        self._bins: dict[tuple[Any, Any], _CurveBin] = {}
+        self._bins: dict[tuple[Any, Any], RowFold] = {}
 
     def add(self, row: Mapping[str, Any]) -> None:
         if self.rows_per_point == 1:
             self._append(row)
             return
         key = (row.get("config_id"), row.get("seed"))
-        current = self._bins.setdefault(key, _CurveBin())
-        current.add(row)
+        current = self._bins.get(key)
+        if current is None:
+            current = self._bins[key] = RowFold()
+        current.add({name: row[name] for name in PLOT_RUN_CURVE_COLUMNS if name in row})
         if current.rows == self.rows_per_point:
             self._append(current.row())
             del self._bins[key]
@@ -791,10 +748,12 @@ def run_frames(run_dir: str | os.PathLike, what: str = "run_frames") -> tuple[pd
 
     - `curves`: the `PLOT_RUN_CURVE_COLUMNS` each row has (None where a row lacks one), one
       row per metrics row - or, when the file has more than `MAX_CURVE_POINTS` rows, one per
-      `rows_per_point` = ceil(rows / MAX_CURVE_POINTS) consecutive rows of a seed (`_CurveBin`:
-      iteration, env steps and wall time of the bin's last row, `approx_kl_max` the maximum,
-      every other column the mean of its finite values), so at most MAX_CURVE_POINTS + one
-      per seed points however long the run; `curves.attrs["rows_per_point"]` says which;
+      `rows_per_point` = ceil(rows / MAX_CURVE_POINTS) consecutive rows of a seed, folded by
+      the metric rules as a `log_every` row is (`aggregate.RowFold`: iteration, env steps and
+      wall time of the bin's last row, `episode_return` weighted by the episodes each row
+      finished, `steps_per_second` the harmonic mean, `approx_kl_max` the maximum, `approx_kl`
+      the mean, ...), so at most MAX_CURVE_POINTS + one per seed points however long the run;
+      `curves.attrs["rows_per_point"]` says which;
     - `lists`: one row that stands for all of them for the list-valued plots: `lag_histogram`
       summed over the rows (`analysis.lag_histogram_of`), `kl_per_lag` averaged per bucket over
       the rows that have a finite value there (`mean_kl_per_lag`; NaN where none has), and the
