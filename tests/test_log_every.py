@@ -103,3 +103,49 @@ def test_a_run_with_a_run_dir_holds_no_rows_and_reads_them_back(every_iteration)
     for a, b in zip(in_memory, result.metrics):  # the same rows but the clock
         assert {k: v for k, v in a.items() if k not in ("wall_time", "steps_per_second")} == \
                {k: v for k, v in b.items() if k not in ("wall_time", "steps_per_second")}
+
+
+def test_a_fold_row_by_row_is_aggregate_rows():
+    """`RowFold` (what the plots bin with) folds one row at a time to `aggregate_rows`'s row;
+    a per-lag field missing from a row takes that row's weights out, not another row's."""
+    from ppo_async.report.aggregate import RowFold
+
+    rows = [{"iteration": 1, "approx_kl": 0.01, "kl_per_lag": [0.1, 0.2], "lag_histogram": [1, 3], "x": "a"},
+            {"iteration": 2, "approx_kl": None, "lag_histogram": [5, 5], "x": True},
+            {"iteration": 3, "approx_kl": 0.03, "kl_per_lag": [0.3, None], "lag_histogram": [3, 0], "y": [1, None]}]
+    fold = RowFold()
+    for row in rows:
+        fold.add(row)
+    assert fold.row() == aggregate_rows(rows) == aggregate_rows(iter(rows))
+    out = fold.row()
+    assert out["kl_per_lag"] == pytest.approx([(0.1 * 1 + 0.3 * 3) / 4, 0.2]) and out["lag_histogram"] == [9, 8]
+    assert out["approx_kl"] == pytest.approx(0.02) and out["x"] is None and out["y"] == [1.0, None]
+    with pytest.raises(ValueError, match="at least one row"):
+        RowFold().row()
+
+
+def test_a_run_dirs_metrics_are_streamed_not_kept(tmp_path):
+    """`TrainResult.metrics` of a run with a run directory keeps no row: iterating parses the
+    file each time, indexing loads it into compact columns (integers stay integers), and
+    `final_returns` (what the `train` command prints at the end) reads two columns only."""
+    from ppo_async.report.metrics import JsonlWriter, MetricsLog
+    from ppo_async.run.result import TrainResult
+
+    rows = [{"seed": s, "iteration": i, "episode_return": None if i == 2 else -float(10 * i + s), "n": i if i < 3 else 2.5,
+             "lag_histogram": [i, 0]} for i in range(1, 5) for s in (0, 1)]
+    with JsonlWriter(tmp_path / "metrics.jsonl") as w:
+        for row in rows:
+            w.write(row)
+    log = MetricsLog.from_file(tmp_path / "metrics.jsonl")
+    assert list(log) == rows and list(log) == rows and len(log) == 8
+    assert list(log.rows(["seed", "n"])) == [{"seed": r["seed"], "n": r["n"]} for r in rows]
+    assert not log._columns  # iterating held nothing
+    assert log[-1] == rows[-1] and log[2:4] == rows[2:4] and isinstance(log[0]["n"], int) and log[7]["n"] == 2.5
+    result = TrainResult(config=None, train_state=None, metrics=MetricsLog.from_file(tmp_path / "metrics.jsonl"),
+                         compile_seconds=0.0, run_seconds=0.0)
+    assert list(result.to_dataframe(columns=("seed", "episode_return")).columns) == ["seed", "episode_return"]
+    np.testing.assert_allclose(result.final_returns(0.5), [-35.0, -36.0])  # iterations 3-4 per seed
+    assert not result.metrics._columns
+    in_memory = TrainResult(config=None, train_state=None, metrics=MetricsLog(rows), compile_seconds=0.0, run_seconds=0.0)
+    np.testing.assert_allclose(in_memory.final_returns(0.5), [-35.0, -36.0])
+    assert in_memory.to_dataframe().equals(result.to_dataframe())

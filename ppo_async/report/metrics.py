@@ -185,14 +185,14 @@ class MetricsLog(Sequence):
         float64 `array` (~8 bytes per value; integers come back as integers, None as None),
         lists as their JSON text, other values as they are;
       * read back from RUN_DIR/metrics.jsonl (`MetricsLog.from_file`): nothing is held while
-        the run goes; the file is parsed on first access (then kept).
+        the run goes. Iterating (`rows`, `to_dataframe`) parses the file line by line each
+        time and keeps no row; indexing first loads the file into the compact columns above.
     """
 
     def __init__(self, rows: Iterable[Mapping[str, Any]] = ()) -> None:
         self._path: str | None = None
-        self._loaded: list[dict[str, Any]] | None = None
-        self._columns: dict[str, tuple[str, Any, Any]] = {}  # name -> (kind, values, present flags)
-        self._ints: dict[str, bool] = {}  # number columns that held only integers
+        self._filled = False  # a file-backed log whose file was loaded into the columns (for indexing)
+        self._columns: dict[str, tuple[str, Any, Any]] = {}  # name -> (kind, values, flags: 0 absent, 1 present, 2 an int)
         self._length = 0
         self.extend(rows)
 
@@ -207,14 +207,17 @@ class MetricsLog(Sequence):
     def append(self, row: Mapping[str, Any]) -> None:
         if self._path is not None:
             raise TypeError("a MetricsLog read from a file is read-only")
+        self._add(row)
+
+    def _add(self, row: Mapping[str, Any]) -> None:
+        """Appends one row to the columns (a field new to the log gets a column)."""
         for name, value in row.items():
+            number = value is None or _is_number(value)
             if name not in self._columns:
-                self._columns[name] = ("number" if value is None or _is_number(value) else "object",
-                                       array.array("d") if value is None or _is_number(value) else [], array.array("b"))
-                self._ints[name] = True
+                self._columns[name] = ("number", array.array("d"), array.array("b")) if number else ("object", [], array.array("b"))
             kind, values, present = self._columns[name]
-            if kind == "number" and not (value is None or _is_number(value)):
-                values = [self._decode(name, "number", v, p) for v, p in zip(values, present)]
+            if kind == "number" and not number:
+                values = [self._decode("number", v, p) for v, p in zip(values, present)]
                 kind = "object"
                 self._columns[name] = (kind, values, present)
             while len(present) < self._length:  # the field was absent from earlier rows
@@ -222,50 +225,57 @@ class MetricsLog(Sequence):
                 present.append(0)
             if kind == "number":
                 values.append(math.nan if value is None else float(value))
-                if value is not None and not isinstance(value, int):
-                    self._ints[name] = False
             else:
                 values.append(_ListText(json.dumps(value)) if isinstance(value, list) else value)
-            present.append(1)
+            present.append(2 if isinstance(value, int) and _is_number(value) else 1)
         self._length += 1
 
     def extend(self, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in rows:
             self.append(row)
 
-    def _decode(self, name: str, kind: str, value: Any, present: int) -> Any:
+    @staticmethod
+    def _decode(kind: str, value: Any, present: int) -> Any:
         if not present:
             return None
         if kind == "number":
-            return None if math.isnan(value) else (int(value) if self._ints[name] else value)
+            return None if math.isnan(value) else (int(value) if present == 2 else value)
         if isinstance(value, _ListText):
             return json.loads(value)
         return value
 
     # -- reading -------------------------------------------------------------------------
-    def _rows(self) -> list[dict[str, Any]] | None:
-        if self._path is not None and self._loaded is None:
-            self._loaded = read_jsonl(self._path) if os.path.isfile(self._path) else []
-        return self._loaded
+    def _fill(self) -> None:
+        """A file-backed log: loads the file into the compact columns, once (for indexing)."""
+        if self._path is not None and not self._filled:
+            if os.path.isfile(self._path):
+                for row in iter_jsonl(self._path):
+                    self._add(row)
+            self._filled = True
 
-    def _row(self, index: int) -> dict[str, Any]:
-        return {name: self._decode(name, kind, values[index], present[index])
+    def _row(self, index: int, columns: Any = None) -> dict[str, Any]:
+        return {name: self._decode(kind, values[index], present[index])
                 for name, (kind, values, present) in self._columns.items()
-                if index < len(present) and present[index]}
+                if index < len(present) and present[index] and (columns is None or name in columns)}
+
+    def rows(self, columns: Iterable[str] | None = None) -> Iterator[dict[str, Any]]:
+        """The rows one at a time, each with only `columns` (of those it has) when given;
+        a file-backed log parses its file line by line (`iter_jsonl`) and holds no row."""
+        keep = None if columns is None else set(columns)
+        if self._path is not None:
+            return iter_jsonl(self._path, keep) if os.path.isfile(self._path) else iter(())
+        return (self._row(i, keep) for i in range(self._length))
 
     def __len__(self) -> int:
-        if self._path is not None and self._loaded is None:  # count the rows without holding them
+        if self._path is not None and not self._filled:  # count the rows without holding them
             if not os.path.isfile(self._path):
                 return 0
             with open(self._path, encoding="utf-8") as f:
                 return sum(1 for line in f if line.strip())
-        rows = self._rows()
-        return len(rows) if rows is not None else self._length
+        return self._length
 
     def __getitem__(self, index):  # type: ignore[override]
-        rows = self._rows()
-        if rows is not None:
-            return rows[index]
+        self._fill()
         if isinstance(index, slice):
             return [self._row(i) for i in range(*index.indices(self._length))]
         if index < 0:
@@ -275,10 +285,7 @@ class MetricsLog(Sequence):
         return self._row(index)
 
     def __iter__(self):
-        rows = self._rows()
-        if rows is not None:
-            return iter(rows)
-        return (self._row(i) for i in range(self._length))
+        return self.rows()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):

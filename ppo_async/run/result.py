@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ppo_async.report import analysis
+from ppo_async.report.metrics import MetricsLog
 from ppo_async.config import Config
 from ppo_async.run.policy import Policy
 
@@ -35,11 +36,20 @@ class TrainResult:
     run_seconds: float
     extras: dict[str, Any] = field(default_factory=dict)
 
-    def to_dataframe(self) -> "Any":
-        """The metrics as a tidy pandas DataFrame (one row per seed x iteration)."""
+    def to_dataframe(self, columns: Sequence[str] | None = None) -> "Any":
+        """The metrics as a tidy pandas DataFrame (one row per seed x iteration); with
+        `columns`, only those (of the ones the rows have). The rows are read one at a time
+        (`MetricsLog.rows`: from metrics.jsonl when the run had a run directory) and none is
+        kept once the frame is built."""
         import pandas as pd
 
-        return pd.DataFrame(list(self.metrics))
+        if isinstance(self.metrics, MetricsLog):
+            rows = self.metrics.rows(columns)
+        elif columns is None:
+            rows = iter(self.metrics)
+        else:
+            rows = ({k: v for k, v in row.items() if k in columns} for row in self.metrics)
+        return pd.DataFrame(list(rows))
 
     @property
     def params(self) -> Any:
@@ -51,5 +61,9 @@ class TrainResult:
         return Policy.of_seed(self.config, self.train_state, seed_index)
 
     def final_returns(self, last_fraction: float = 0.1) -> np.ndarray:
-        """Per seed (in seed order): mean episode return over the last `last_fraction` of iterations."""
-        return np.asarray(analysis.final_returns(self.to_dataframe(), last_fraction), dtype=float)
+        """Per seed (in seed order): mean episode return over the last `last_fraction` of iterations.
+
+        Reads only the `seed` and `episode_return` columns, so that the end of a long run (the
+        `train` command prints these) does not hold every row."""
+        frame = self.to_dataframe(columns=("seed", "episode_return"))
+        return np.asarray(analysis.final_returns(frame, last_fraction), dtype=float)
