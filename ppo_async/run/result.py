@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -37,19 +37,17 @@ class TrainResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
     def to_dataframe(self, columns: Sequence[str] | None = None) -> "Any":
-        """The metrics as a tidy pandas DataFrame (one row per seed x iteration); with
-        `columns`, only those (of the ones the rows have). The rows are read one at a time
-        (`MetricsLog.rows`: from metrics.jsonl when the run had a run directory) and none is
-        kept once the frame is built."""
+        """The metrics as a tidy pandas DataFrame (one row per seed x iteration). The rows are
+        read one at a time (`MetricsLog.rows`: from metrics.jsonl when the run had a run
+        directory) and none is kept once the frame is built. With `columns`, only those (of the
+        ones the rows have; a row without one holds None there), built column by column, so
+        the frame is all that is held however long the run."""
         import pandas as pd
 
-        if isinstance(self.metrics, MetricsLog):
-            rows = self.metrics.rows(columns)
-        elif columns is None:
-            rows = iter(self.metrics)
-        else:
-            rows = ({k: v for k, v in row.items() if k in columns} for row in self.metrics)
-        return pd.DataFrame(list(rows))
+        if columns is None:
+            return pd.DataFrame(list(self.metrics.rows() if isinstance(self.metrics, MetricsLog) else self.metrics))
+        rows = self.metrics.rows(columns) if isinstance(self.metrics, MetricsLog) else iter(self.metrics)
+        return pd.DataFrame(_columns_of(rows, columns))
 
     @property
     def params(self) -> Any:
@@ -67,3 +65,20 @@ class TrainResult:
         `train` command prints these) does not hold every row."""
         frame = self.to_dataframe(columns=("seed", "episode_return"))
         return np.asarray(analysis.final_returns(frame, last_fraction), dtype=float)
+
+
+def _columns_of(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> dict[str, list[Any]]:
+    """`{name: values}` of the `columns` any of `rows` has (None where a row lacks one), in
+    the order of `columns`; one row at a time, nothing else kept."""
+    out: dict[str, list[Any]] = {}
+    count = 0
+    for row in rows:
+        for name in columns:
+            if name in row:
+                if name not in out:
+                    out[name] = [None] * count
+                out[name].append(row[name])
+            elif name in out:
+                out[name].append(None)
+        count += 1
+    return {name: out[name] for name in columns if name in out}
