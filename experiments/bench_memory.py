@@ -3,6 +3,7 @@
     python experiments/bench_memory.py                  # sync and threaded, log_every 1 (10k iterations) and 10 (30k)
     python experiments/bench_memory.py --iterations 2000 --long-iterations 2000 --out /tmp/bench_memory
     python experiments/bench_memory.py --cache user     # the user's compilation cache (figures then depend on what ran before)
+    python experiments/bench_memory.py --issue-run --modes --out runs/experiments/bench_memory   # only the issue's long run
 
 Each run is its own process (a fresh interpreter, so runs do not share allocations): tiny
 batches (Pendulum-v1, 4 envs x 8 steps, one SGD step per iteration, 16-unit networks) so that
@@ -13,8 +14,9 @@ reached. Reported per run: the slope of RSS over learner iterations (a least-squ
 fitted after the first 20% of iterations: KB per 1,000 iterations), the running level (median
 RSS over the last 10% of the iterations), the end peak over that level (the samples from the
 last iteration on: its final checkpoint, then the plots and the result; `len(result.metrics)`
-counts the file's rows without loading them) and, for information only, the startup peak over
-that level (the samples before the first iteration: XLA compiling the programs).
+counts the file's rows without loading them; the JSON rows also split it at `train()`'s
+return) and, for information only, the startup peak over that level (the samples before the
+first iteration: XLA compiling the programs).
 
 The end peak is taken over the end only. It used to be the maximum of the whole trajectory,
 which is the startup peak whenever a program is compiled rather than read from JAX's persistent
@@ -26,6 +28,12 @@ compiles once per machine and a run's figures depended on what had run before. B
 compiles, as a first run does (the running level is then 25-55 MB higher than with a warm
 cache: the compiler's freed memory stays with the allocator). Targets: slope < 50 KB per
 1,000 iterations and end peak within 50 MB of the running level, in both modes.
+
+`--issue-run` adds the run of issue 25 (item 4): threaded, the default batch (16 envs x 64
+steps = 1,024 env steps per iteration, 5 epochs x 16 minibatches, 2x64 networks), 4 samplers,
+`--issue-env-steps` 30,000,000 env steps = 29,296 iterations, log_every 1, ending as
+`python -m ppo_async train` does: `result.final_returns()` reads the rows back. (`--modes`
+with no value then runs it alone.)
 Writes OUT/bench_memory.json and prints the table quoted in README.
 """
 
@@ -51,6 +59,7 @@ apply_cpu_workarounds(); enable_compilation_cache()
 import ppo_async as pa
 
 mode, iterations, log_every, run_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+shape = sys.argv[5] if len(sys.argv) > 5 else "tiny"  # "issue": the default batch, 4 samplers, final_returns at the end
 page = os.sysconf("SC_PAGE_SIZE")
 def rss():
     with open("/proc/self/statm") as f:
@@ -60,10 +69,15 @@ def sample():
     while not done.is_set():
         samples.append((time.perf_counter(), reached[0], rss()))
         time.sleep(0.1)
-config = pa.Config(env="Pendulum-v1", mode=mode, total_env_steps=iterations * 32, log_every=log_every, run_dir=run_dir,
-                   rollout=pa.RolloutConfig(num_envs=4, num_steps=8), ppo=pa.PPOConfig(num_epochs=1, num_minibatches=1),
-                   network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)),
-                   **({"threaded": pa.ThreadedConfig(num_samplers=2)} if mode == "threaded" else {}))
+if shape == "issue":
+    config = pa.Config(env="Pendulum-v1", mode=mode, total_env_steps=iterations * 1024, log_every=log_every, run_dir=run_dir,
+                       threaded=pa.ThreadedConfig(num_samplers=4))
+else:
+    config = pa.Config(env="Pendulum-v1", mode=mode, total_env_steps=iterations * 32, log_every=log_every, run_dir=run_dir,
+                       rollout=pa.RolloutConfig(num_envs=4, num_steps=8), ppo=pa.PPOConfig(num_epochs=1, num_minibatches=1),
+                       network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)),
+                       **({"threaded": pa.ThreadedConfig(num_samplers=2)} if mode == "threaded" else {}))
+assert config.num_iterations == iterations, (config.num_iterations, iterations)
 def on_iteration(rows):
     reached[0] = rows[0]["iteration"]
 sampler = threading.Thread(target=sample, daemon=True); sampler.start()
@@ -71,6 +85,8 @@ t0 = time.perf_counter()
 result = pa.train(config, on_iteration=on_iteration)
 run_end = time.perf_counter()
 rows = len(result.metrics)
+if shape == "issue":
+    result.final_returns()  # what `python -m ppo_async train` prints at the end
 time.sleep(0.3)
 done.set(); sampler.join()
 print("RESULT " + json.dumps({"samples": samples, "run_end": run_end, "seconds": run_end - t0, "rows": rows,
@@ -92,6 +108,11 @@ class Args:
     modes: tuple[str, ...] = ("sync", "threaded")
     log_every: tuple[int, ...] = (1, 10)
     out: str | None = None
+    issue_run: bool = False
+    """Also run issue 25's long threaded run (see the module docstring): the default batch,
+    4 samplers, `issue_env_steps` env steps, log_every 1, `final_returns()` at the end."""
+    issue_env_steps: int = 30_000_000
+    """Env steps of the issue run (1,024 per iteration: 30M = 29,296 iterations)."""
 
 
 def analyse(raw: dict, iterations: int) -> dict:
@@ -116,6 +137,9 @@ def analyse(raw: dict, iterations: int) -> dict:
         "slope_kb_per_1000_iterations": round(float(slope), 1),
         "running_level_mb": round(level / 2**20, 1),
         "end_peak_over_level_mb": over(end),
+        # the end split at `train()`'s return: the final checkpoint and the plots, then reading the rows back
+        "end_peak_in_train_mb": over(end & (t <= raw["run_end"])),
+        "end_peak_after_train_mb": over(end & (t > raw["run_end"])),
         "startup_peak_over_level_mb": over(startup),
         "start_mb": round(float(rss[fit][0]) / 2**20, 1) if fit.any() else None,
         "seconds": round(raw["seconds"], 1),
@@ -134,22 +158,37 @@ def child_env(cache: str, tmp: str) -> dict[str, str]:
     return env
 
 
+def run_child(mode: str, iterations: int, log_every: int, cache: str, shape: str = "tiny") -> dict:
+    """One run in its own process (`CHILD`, a temporary run directory): its `analyse` row.
+    `shape` "tiny" is the batch of the module docstring, "issue" the issue run's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(iterations), str(log_every), os.path.join(tmp, "run"), shape],
+                              cwd=REPO_ROOT, capture_output=True, text=True, env=child_env(cache, tmp))
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode} log_every={log_every} ({shape}) failed:\n{proc.stderr[-3000:]}")
+    raw = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+    return {"mode": mode, "log_every": log_every, "iterations": iterations, "cache": cache, **analyse(raw, iterations)}
+
+
+def runs_to_do(args: Args) -> list[tuple[str, int, int, str]]:
+    """(mode, iterations, log_every, shape) of every run asked for, in order."""
+    todo = [(mode, args.iterations if log_every == 1 else args.long_iterations, log_every, "tiny")
+            for mode in args.modes for log_every in args.log_every]
+    if args.issue_run:
+        todo.append(("threaded", args.issue_env_steps // 1024, 1, "issue"))
+    return todo
+
+
 def main(args: Args) -> list[dict]:
     out = args.out or os.path.join(HERE, "results", "bench_memory")
     os.makedirs(out, exist_ok=True)
     results = []
-    for mode in args.modes:
-        for log_every in args.log_every:
-            iterations = args.iterations if log_every == 1 else args.long_iterations
-            with tempfile.TemporaryDirectory() as tmp:
-                proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(iterations), str(log_every), os.path.join(tmp, "run")],
-                                      cwd=REPO_ROOT, capture_output=True, text=True, env=child_env(args.cache, tmp))
-            if proc.returncode != 0:
-                raise SystemExit(f"{mode} log_every={log_every} failed:\n{proc.stderr[-3000:]}")
-            raw = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
-            row = {"mode": mode, "log_every": log_every, "iterations": iterations, "cache": args.cache, **analyse(raw, iterations)}
-            results.append(row)
-            print(json.dumps(row), flush=True)
+    for mode, iterations, log_every, shape in runs_to_do(args):
+        row = run_child(mode, iterations, log_every, args.cache, shape)
+        if shape != "tiny":
+            row["shape"] = shape
+        results.append(row)
+        print(json.dumps(row), flush=True)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "bench_memory.json"), "w") as f:
         json.dump(results, f, indent=2)
@@ -157,7 +196,7 @@ def main(args: Args) -> list[dict]:
           f"startup peak over level (MB) | metrics.jsonl (MB) | run s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['mode']} | {r['log_every']} | {r['iterations']:,} | {r['slope_kb_per_1000_iterations']} | "
+        print(f"| {r['mode']}{' (' + r['shape'] + ')' if 'shape' in r else ''} | {r['log_every']} | {r['iterations']:,} | {r['slope_kb_per_1000_iterations']} | "
               f"{r['running_level_mb']} | {r['end_peak_over_level_mb']} | {r['startup_peak_over_level_mb']} | "
               f"{r['metrics_jsonl_mb']} | {r['seconds']} |")
     met = all(r["slope_kb_per_1000_iterations"] < 50 and r["end_peak_over_level_mb"] <= 50 for r in results)
