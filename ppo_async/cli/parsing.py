@@ -103,16 +103,27 @@ class _Hook:
         return None
 
     def invalid(self, argument: Any, message: str) -> str:
-        """The line of a value that did not convert (or a check that failed: its own message)."""
+        """The line of a value that did not convert (a failed check: its own message)."""
+        message = " ".join(message.split())
         if argument is None:
-            return " ".join(message.split())
+            return message
         flags = list(argument.lowered.name_or_flags) or [_name(argument)]
-        value = next((self.args[i + 1] for i, a in enumerate(self.args[:-1]) if a in flags), None)
-        value = value if value is not None else next(
-            (a.split("=", 1)[1] for a in self.args if a.split("=", 1)[0] in flags and "=" in a), None)
-        kind = _kind(argument.field.type_stripped)
-        rule = f"must be {kind}" if kind else " ".join(message.split())
-        return f"{flags[0]} = {value!r} is invalid: {rule}" if value is not None else f"{flags[0]}: {rule}"
+        kind = _kind(argument.field.type_stripped) if argument.lowered.nargs in (None, 1, "?") else None
+        value = _given_value(self.args, flags)
+        if kind is None or value is None:
+            return f"{flags[0]}: {message}"
+        return f"{flags[0]} = {value!r} is invalid: must be {kind}"
+
+
+def _given_value(args: Sequence[str], flags: Sequence[str]) -> str | None:
+    """The value given to a one-value option (`--flag V` or `--flag=V`), for the error line."""
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if arg in flags and i + 1 < len(args):
+            return args[i + 1]
+        if eq and name in flags:
+            return inline
+    return None
 
 
 def _name(argument: Any) -> str:

@@ -20,7 +20,7 @@ import tyro
 
 from ppo_async.cli.parsing import PROG, parse
 from ppo_async.cli.config_file import load_config_file
-from ppo_async.config import Config, config_from_dict, get_path, presets, replace_paths
+from ppo_async.config import Config, DistributedConfig, config_from_dict, get_path, presets, replace_paths
 from ppo_async.modes.train import train
 from ppo_async.run.rundir import read_run_config
 from ppo_async.runtime import distributed
@@ -137,6 +137,13 @@ def prepare(args: Sequence[str], join: bool = False) -> tuple[list[str], TrainCo
     return args, TrainCommand(cfg=cli_config(base), config=given.config, preset=preset)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """The `distributed.*` options, read before the full parse to join the processes."""
+
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+
+
 def _join_processes(args: Sequence[str], file_data: dict) -> list[str]:
     """Joins the processes of a multi-process run (nothing for one process); returns the
     options the full parse needs on top of `args`: the layout a cluster gave (else none)."""
@@ -144,7 +151,8 @@ def _join_processes(args: Sequence[str], file_data: dict) -> list[str]:
     section = section if isinstance(section, dict) else {}
     if not section and not any(a.startswith("--distributed.") for a in args):
         return []
-    asked = distributed.distributed_from_args(args, section)
+    default = _Layout(DistributedConfig(**section))
+    asked = parse(_Layout, args, command="train", default=default, return_unknown_args=True, add_help=False)[0].distributed
     joined = distributed.initialize(asked)
     return distributed.cluster_flags(joined) if asked.cluster != "none" and asked.process_id is None else []
 
