@@ -97,7 +97,9 @@ def test_eval_of_a_short_run_works(short, capsys):
 
 def test_user_errors_exit_2_with_one_line(tmp_path, capsys):
     for argv in (["eval", str(tmp_path / "nope")], ["plot", str(tmp_path / "nope")],
-                 ["train", "--resume", str(tmp_path / "nope")], ["eval"], ["plot"]):
+                 ["train", "--resume", str(tmp_path / "nope")], ["eval"], ["plot"], [], ["nosuch"],
+                 ["eval", "a", "b"], ["eval", "a", "--bogus"], ["train", "--resume", "a", "--seed", "1"],
+                 ["launch", "--num-processes", "2"], ["launch", "--num-processes", "x", "--", "train"]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("error:") and err.count("\n") == 1, err
