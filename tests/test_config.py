@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 
 import pytest
 
@@ -109,6 +110,85 @@ def test_activation_error_lists_the_allowed_ones():
     err = assert_config_error(lambda: NetworkConfig(activation="sigmoid"), "network.activation", "sigmoid")
     for name in ("tanh", "relu", "gelu", "silu"):
         assert name in str(err)
+
+
+# Every choice field: its annotation is the Literal its allowed-values tuple is derived from.
+CHOICE_FIELDS = [
+    (Config, "mode", "MODES"),
+    (PPOConfig, "advantage_estimator", "ADVANTAGE_ESTIMATORS"),
+    (PPOConfig, "objective", "OBJECTIVES"),
+    (NetworkConfig, "activation", "ACTIVATIONS"),
+    (pa.LagConfig, "schedule", "LAG_SCHEDULES"),
+    (pa.ThreadedConfig, "full_policy", "FULL_POLICIES"),
+    (pa.config.DistributedConfig, "cluster", "DISTRIBUTED_CLUSTERS"),
+]
+
+
+@pytest.mark.parametrize("cls,field,constant", CHOICE_FIELDS, ids=[c for _, _, c in CHOICE_FIELDS])
+def test_allowed_values_are_the_literal_of_the_annotation(cls, field, constant):
+    hint = typing.get_type_hints(cls)[field]
+    assert typing.get_origin(hint) is typing.Literal
+    assert getattr(pa.config, constant) == typing.get_args(hint)
+    default = getattr(cls(), field)
+    assert default in typing.get_args(hint)
+
+
+def test_every_literal_field_has_its_tuple():
+    """No choice field is left without a derived tuple (a new Literal field joins CHOICE_FIELDS)."""
+    sections = [Config, *(t for t in typing.get_type_hints(Config).values() if dataclasses.is_dataclass(t))]
+    hints = [(cls, name, hint) for cls in sections for name, hint in typing.get_type_hints(cls).items()]
+    literal_fields = {(cls, name) for cls, name, hint in hints if typing.get_origin(hint) is typing.Literal}
+    assert literal_fields == {(cls, field) for cls, field, _ in CHOICE_FIELDS}
+
+
+@pytest.mark.parametrize("cls,field,constant", CHOICE_FIELDS, ids=[c for _, _, c in CHOICE_FIELDS])
+@pytest.mark.parametrize("bad", ["nope", 3, None, True])
+def test_a_value_outside_the_literal_is_refused_listing_the_choices(cls, field, constant, bad):
+    prefix = {Config: "", PPOConfig: "ppo.", NetworkConfig: "network.", pa.LagConfig: "lag.",
+              pa.ThreadedConfig: "threaded.", pa.config.DistributedConfig: "distributed."}[cls]
+    with pytest.raises(ConfigError) as info:
+        cls(**{field: bad})
+    assert str(info.value) == f"{prefix}{field} = {bad!r} is invalid: must be one of {getattr(pa.config, constant)}"
+
+
+# Wrong types: the exact messages (unchanged since the checker parsed annotation strings).
+WRONG_TYPES = [
+    (lambda: PPOConfig(dual_clip="3"), "ppo.dual_clip = '3' is invalid: must be a number or None, not str"),
+    (lambda: PPOConfig(num_epochs=True), "ppo.num_epochs = True is invalid: must be an integer, not bool"),
+    (lambda: PPOConfig(learning_rate=None), "ppo.learning_rate = None is invalid: must be a number, not NoneType"),
+    (lambda: RolloutConfig(normalize_obs=1), "rollout.normalize_obs = 1 is invalid: must be True or False, not int"),
+    (lambda: pa.LagConfig(K=8.0), "lag.K = 8.0 is invalid: must be an integer, not float"),
+    (lambda: pa.LagConfig(per_sampler=3), "lag.per_sampler = 3 is invalid: must be a sequence, not int"),
+    (lambda: pa.LagConfig(replay_path=5), "lag.replay_path = 5 is invalid: must be a string or None, not int"),
+    (lambda: pa.ThreadedConfig(kl_window=2.5), "threaded.kl_window = 2.5 is invalid: must be an integer or None, not float"),
+    (lambda: pa.ThreadedConfig(sampler_devices="0"), "threaded.sampler_devices = '0' is invalid: must be a sequence, not str"),
+    (lambda: pa.EnvOptions(backend=1), "env_options.backend = 1 is invalid: must be a string or None, not int"),
+    (lambda: Config(run_dir=3), "run_dir = 3 is invalid: must be a string or None, not int"),
+    (lambda: Config(env=None), "env = None is invalid: must be a string, not NoneType"),
+]
+
+
+@pytest.mark.parametrize("build,message", WRONG_TYPES, ids=[str(i) for i in range(len(WRONG_TYPES))])
+def test_wrong_type_message(build, message):
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert str(info.value) == message
+
+
+def test_ints_are_numbers_and_none_only_where_allowed():
+    assert PPOConfig(learning_rate=1, dual_clip=None).learning_rate == 1
+    assert pa.LagConfig(per_sampler=[1, 2]).per_sampler == (1, 2)  # a list is a sequence, stored as a tuple
+
+
+def test_field_rules_come_from_resolved_annotations_and_skip_sections():
+    from ppo_async.config.checks import field_rules
+
+    rules = dict(field_rules(Config))
+    assert "ppo" not in rules and "env_options" not in rules  # nested sections validate themselves
+    assert rules["run_dir"].optional and rules["run_dir"].types == (str,)
+    assert rules["mode"].choices == pa.config.MODES
+    assert dict(field_rules(PPOConfig))["dual_clip"].types == (int, float)
+    assert field_rules(Config) is field_rules(Config)  # cached per class
 
 
 def test_unit_interval_bounds_are_inclusive_at_one():

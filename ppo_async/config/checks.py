@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any
+import types
+import typing
+from typing import Any, NamedTuple
 
 from ppo_async.errors import ConfigError
 
@@ -37,45 +40,75 @@ def _check_unit_interval(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 < value <= 1.0:
         _fail(name, value, "must lie in (0, 1]")
 
-_TYPE_RULES = {
-    "int": ((int,), "an integer"),
-    "float": ((int, float), "a number"),
-    "bool": ((bool,), "True or False"),
-    "str": ((str,), "a string"),
+_SCALAR_RULES: dict[Any, tuple[tuple[type, ...], str]] = {
+    int: ((int,), "an integer"),
+    float: ((int, float), "a number"),
+    bool: ((bool,), "True or False"),
+    str: ((str,), "a string"),
 }
 
-def _type_rule(annotation: str) -> tuple[tuple[type, ...], str, bool]:
-    """(accepted types, description, None allowed) of a field annotation such as
-    `"float | None"`, `"tuple[int, ...]"` or `"Literal['a', 'b']"` (annotations are strings)."""
-    parts = [p.strip() for p in annotation.split("|")]
-    optional = "None" in parts
-    base = next((p for p in parts if p != "None"), "None")
-    if base.startswith("tuple"):
-        return (tuple, list), "a sequence", optional
-    if base.startswith("Literal"):
-        return (str,), "a string", optional
-    types, what = _TYPE_RULES.get(base, ((object,), "a value"))
-    return types, what, optional
+class FieldRule(NamedTuple):
+    """What a field's annotation accepts: `types` and their `description`, or (for a
+    `Literal[...]`) the allowed `choices`; `optional` when None is allowed too."""
+
+    types: tuple[type, ...]
+    description: str
+    optional: bool
+    choices: tuple[Any, ...] | None = None
+
+def _is_union(hint: Any) -> bool:
+    """Whether `hint` is `X | Y` (types.UnionType) or `typing.Union[X, Y]` / `Optional[X]`."""
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+def _type_rule(hint: Any) -> FieldRule | None:
+    """The rule of one resolved annotation (`float | None`, `tuple[int, ...]`,
+    `Literal['a', 'b']`, `int`, ...); None for a nested dataclass section (it checks itself)."""
+    optional = False
+    if _is_union(hint):
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        rest = [a for a in args if a is not type(None)]
+        hint = rest[0] if len(rest) == 1 else object
+    if dataclasses.is_dataclass(hint):
+        return None
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        choices = typing.get_args(hint)
+        return FieldRule(tuple(dict.fromkeys(type(c) for c in choices)), f"one of {choices}", optional, choices)
+    if origin is tuple or hint is tuple:
+        return FieldRule((tuple, list), "a sequence", optional)
+    accepted, what = _SCALAR_RULES.get(hint, ((object,), "a value"))
+    return FieldRule(accepted, what, optional)
+
+@functools.cache
+def field_rules(cls: type) -> tuple[tuple[str, FieldRule], ...]:
+    """(field name, rule) of every checked field of a config dataclass, from its resolved
+    annotations (`typing.get_type_hints`; cached per class)."""
+    hints = typing.get_type_hints(cls)
+    rules = ((f.name, _type_rule(hints[f.name])) for f in dataclasses.fields(cls))
+    return tuple((name, rule) for name, rule in rules if rule is not None)
+
+def _accepts(rule: FieldRule, value: Any) -> bool:
+    """Whether `value` passes `rule`'s type (bool is no number) and, for a Literal, is a choice."""
+    if not isinstance(value, rule.types) or (bool not in rule.types and isinstance(value, bool)):
+        return False
+    return rule.choices is None or value in rule.choices
 
 def check_field_types(section: Any, prefix: str = "") -> None:
     """Raises ConfigError naming the first field of a config dataclass whose value has the wrong
-    type (e.g. `threaded.latency_jitter = 'a'`), before any range check compares it.
+    type (e.g. `threaded.latency_jitter = 'a'`) or, for a `Literal` field, is none of its
+    values, before any range check compares it.
 
     bool is not accepted as a number (True is an int in Python); ints are accepted as floats.
     """
-    for f in dataclasses.fields(section):
-        if not isinstance(f.type, str) or f.type in _SECTION_TYPE_NAMES:
+    for name, rule in field_rules(type(section)):
+        value = getattr(section, name)
+        if (value is None and rule.optional) or _accepts(rule, value):
             continue
-        types, what, optional = _type_rule(f.type)
-        value = getattr(section, f.name)
-        if value is None and optional:
-            continue
-        wrong = not isinstance(value, types) or (bool not in types and isinstance(value, bool))
-        if wrong:
-            allowed = what + (" or None" if optional else "")
-            _fail(f"{prefix}{f.name}", value, f"must be {allowed}, not {type(value).__name__}")
-
-_SECTION_TYPE_NAMES = ("EnvOptions", "RolloutConfig", "PPOConfig", "NetworkConfig", "LagConfig", "ThreadedConfig", "DistributedConfig")
+        allowed = rule.description + (" or None" if rule.optional else "")
+        if rule.choices is not None:
+            _fail(f"{prefix}{name}", value, f"must be {allowed}")
+        _fail(f"{prefix}{name}", value, f"must be {allowed}, not {type(value).__name__}")
 
 def _inert(name: str, value: Any, why: str) -> None:
     raise ConfigError(f"{name} = {value!r} has no effect: {why}")

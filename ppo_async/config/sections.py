@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ppo_async.config.checks import (
     _changed,
@@ -35,20 +35,34 @@ from ppo_async.envs.registry import (
 )
 
 
-MODES = ("sync", "simulated", "threaded")
+# The allowed values of each choice field, written once: the Literal annotates the field (tyro
+# and `check_field_types` read it) and the tuple beside it is derived from it.
+ModeName = Literal["sync", "simulated", "threaded"]
+MODES: tuple[str, ...] = get_args(ModeName)
+
+LagScheduleName = Literal["fixed", "per_sampler", "uniform", "geometric", "straggler", "replay"]
+LAG_SCHEDULES: tuple[str, ...] = get_args(LagScheduleName)
+
+ObjectiveName = Literal["ppo", "decoupled"]
+OBJECTIVES: tuple[str, ...] = get_args(ObjectiveName)
+
+AdvantageEstimatorName = Literal["gae", "vtrace"]
+ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimatorName)
+
+ActivationName = Literal["tanh", "relu", "gelu", "silu"]
+ACTIVATIONS: tuple[str, ...] = get_args(ActivationName)
+
+FullPolicyName = Literal["overwrite_oldest", "block"]
+FULL_POLICIES: tuple[str, ...] = get_args(FullPolicyName)
+
+# distributed.cluster: names of JAX's cluster detection (jax._src.clusters)
+ClusterName = Literal["none", "slurm"]
+DISTRIBUTED_CLUSTERS: tuple[str, ...] = get_args(ClusterName)
 
 # Top-level fields that shape no compiled program: the seed enters as an argument, the rest is
 # what the host writes and when (used by the kept-program caches of the modes).
 HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "eval_every",
                     "eval_episodes", "log_every", "overwrite")
-
-LAG_SCHEDULES = ("fixed", "per_sampler", "uniform", "geometric", "straggler", "replay")
-
-OBJECTIVES = ("ppo", "decoupled")
-
-ADVANTAGE_ESTIMATORS = ("gae", "vtrace")
-
-ACTIVATIONS = ("tanh", "relu", "gelu", "silu")
 
 @dataclass(frozen=True)
 class RolloutConfig:
@@ -108,7 +122,7 @@ class PPOConfig:
     """Standardise advantages per minibatch."""
     adam_eps: float = 1e-5
     """Adam epsilon."""
-    advantage_estimator: Literal["gae", "vtrace"] = "gae"
+    advantage_estimator: AdvantageEstimatorName = "gae"
     """gae: plain GAE on (possibly stale) data; vtrace: advantages with truncated importance weights (Espeholt et al. 2018)."""
     rho_bar: float = 1.0
     """V-trace truncation of the importance weight in the TD error (vtrace only)."""
@@ -116,7 +130,7 @@ class PPOConfig:
     """V-trace truncation of the trace-cutting weights (vtrace only)."""
     value_update_every: int = 1
     """Update the value network only every k-th learner iteration (1 = always)."""
-    objective: Literal["ppo", "decoupled"] = "ppo"
+    objective: ObjectiveName = "ppo"
     """ppo: clip the ratio pi / mu to the behaviour policy; decoupled: clip pi / pi_prox to a proximal policy and weight by min(pi_prox / mu, is_clip) (Hilton et al. 2021). Traced: one compile serves both."""
     is_clip: float | None = 2.0
     """decoupled: truncation of the importance weight pi_prox / mu (>= 1; None = untruncated)."""
@@ -149,13 +163,9 @@ class PPOConfig:
         _check_non_negative("ppo.ent_coef", self.ent_coef)
         _check_positive("ppo.max_grad_norm", self.max_grad_norm)
         _check_positive("ppo.adam_eps", self.adam_eps)
-        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-            _fail("ppo.advantage_estimator", self.advantage_estimator, f"must be one of {ADVANTAGE_ESTIMATORS}")
         _check_positive("ppo.rho_bar", self.rho_bar)
         _check_positive("ppo.c_bar", self.c_bar)
         _check_int("ppo.value_update_every", self.value_update_every, 1)
-        if self.objective not in OBJECTIVES:
-            _fail("ppo.objective", self.objective, f"must be one of {OBJECTIVES}")
         if self.is_clip is not None:
             _check_positive("ppo.is_clip", self.is_clip)
             if not self.is_clip >= 1.0:
@@ -172,7 +182,7 @@ class NetworkConfig:
     """Hidden layer widths of the policy MLP."""
     critic_hidden: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the value MLP."""
-    activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
+    activation: ActivationName = "tanh"
     """Hidden activation."""
     shared_torso: bool = False
     """Share the hidden layers between actor and critic (actor_hidden is used)."""
@@ -190,8 +200,6 @@ class NetworkConfig:
             ):
                 _fail(f"network.{name}", widths, "must be a sequence of integers >= 1")
             object.__setattr__(self, name, tuple(widths))
-        if self.activation not in ACTIVATIONS:
-            _fail("network.activation", self.activation, f"must be one of {ACTIVATIONS}")
         _check_bool("network.shared_torso", self.shared_torso)
         _check_bool("network.state_dependent_std", self.state_dependent_std)
         if (
@@ -216,7 +224,7 @@ class LagConfig:
         (the version schedule a threaded run writes; format in `ppo_async.core.lag`).
     """
 
-    schedule: Literal["fixed", "per_sampler", "uniform", "geometric", "straggler", "replay"] = "fixed"
+    schedule: LagScheduleName = "fixed"
     """Lag schedule of the simulated mode."""
     K: int = 0
     """fixed: the lag of every batch, in learner versions."""
@@ -245,8 +253,6 @@ class LagConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self, "lag.")
-        if self.schedule not in LAG_SCHEDULES:
-            _fail("lag.schedule", self.schedule, f"must be one of {LAG_SCHEDULES}")
         _check_int("lag.K", self.K, 0)
         if not isinstance(self.per_sampler, (tuple, list)) or not all(
             isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in self.per_sampler
@@ -293,7 +299,7 @@ class ThreadedConfig:
     """... and no more often than this (seconds)."""
     buffer_capacity: int | None = None
     """Ring-buffer capacity in transitions, a whole number of rollout chunks (num_envs * num_steps each); None = 4 chunks."""
-    full_policy: Literal["overwrite_oldest", "block"] = "block"
+    full_policy: FullPolicyName = "block"
     """What a full buffer does to a producer: overwrite the oldest chunk (counted) or block (wait for space). Either way a put waits for the buffer lock while other samplers write theirs (see sampler_wait_buffer_s)."""
     sampler_step_latency_ms: tuple[float, ...] = ()
     """Simulated env-step latency per sampler (ms per env step, slept outside the GIL after each rollout); () = none."""
@@ -321,8 +327,6 @@ class ThreadedConfig:
         _check_non_negative("threaded.min_refresh_interval_s", self.min_refresh_interval_s)
         if self.buffer_capacity is not None:
             _check_int("threaded.buffer_capacity", self.buffer_capacity, 1)
-        if self.full_policy not in ("overwrite_oldest", "block"):
-            _fail("threaded.full_policy", self.full_policy, "must be 'overwrite_oldest' or 'block'")
         lat = self.sampler_step_latency_ms
         if not isinstance(lat, (tuple, list)) or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in lat
@@ -393,8 +397,6 @@ class EnvOptions:
         if self.episode_length is not None:
             _check_int("env_options.episode_length", self.episode_length, 1)
 
-DISTRIBUTED_CLUSTERS = ("none", "slurm")  # distributed.cluster: names of JAX's cluster detection (jax._src.clusters)
-
 @dataclass(frozen=True)
 class DistributedConfig:
     """Several processes (jax.distributed, threaded mode): every process runs the same command with
@@ -413,7 +415,7 @@ class DistributedConfig:
     """Seconds without a heartbeat after which JAX's coordination service declares a process dead."""
     initialization_timeout_s: int = 120
     """Seconds every process waits for all the others to join (and process 0's run directory)."""
-    cluster: Literal["none", "slurm"] = "none"
+    cluster: ClusterName = "none"
     """Where num_processes, process_id and coordinator_address come from: none (those fields) or slurm (the SLURM task's environment, read by JAX's own cluster detection: SLURM_NTASKS, SLURM_PROCID, the first node of SLURM_STEP_NODELIST, a port from SLURM_JOB_ID or $JAX_COORDINATOR_PORT); leave the three unset, `ppo_async.runtime.distributed.initialize` fills them in."""
 
     def __post_init__(self) -> None:
@@ -421,8 +423,6 @@ class DistributedConfig:
         _check_int("distributed.num_processes", self.num_processes, 1)
         _check_int("distributed.heartbeat_timeout_s", self.heartbeat_timeout_s, 1)
         _check_int("distributed.initialization_timeout_s", self.initialization_timeout_s, 1)
-        if self.cluster not in DISTRIBUTED_CLUSTERS:
-            _fail("distributed.cluster", self.cluster, f"must be one of {DISTRIBUTED_CLUSTERS}")
         if self.cluster != "none" and self.process_id is None:  # not joined yet: the cluster gives the layout
             given = [n for n in ("num_processes", "coordinator_address") if getattr(self, n) != getattr(DistributedConfig, n)]
             if given:
@@ -467,7 +467,7 @@ class Config:
 
     env: str = "Pendulum-v1"
     """Environment: a gymnax name (Pendulum-v1, CartPole-v1), brax/<name> (brax/inverted_pendulum, needs the [brax] extra), playground/<name> (playground/CartpoleBalance, [playground]) or gymnasium/<id> (gymnasium/HalfCheetah-v5, [gymnasium]; threaded mode only)."""
-    mode: Literal["sync", "simulated", "threaded"] = "sync"
+    mode: ModeName = "sync"
     """Execution mode: sync (strict on-policy), simulated (emulated samplers with a controlled lag schedule) or threaded (real sampler threads; the lag emerges from timing)."""
     seed: int = 0
     """Base random seed; seed i of a multi-seed run uses seed + i."""
@@ -501,11 +501,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_field_types(self)
-        if not isinstance(self.env, str):
-            _fail("env", self.env, "must be an environment name")
         check_env_name(self.env)
-        if self.mode not in MODES:
-            _fail("mode", self.mode, f"must be one of {MODES}")
         if split_env_name(self.env)[0] in HOST_ENV_FAMILIES and self.mode != "threaded":
             _fail("mode", self.mode,
                   f"must be 'threaded' for the host-side env {self.env!r} (its simulator steps on each sampler "
