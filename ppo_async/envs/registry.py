@@ -11,8 +11,6 @@ from __future__ import annotations
 from ppo_async.errors import ConfigError
 
 
-ENV_FAMILIES = ("gymnax", "brax", "playground", "gymnasium")
-
 HOST_ENV_FAMILIES = ("gymnasium",)  # stepped on the host by each sampler thread: threaded mode only
 
 # The pip extra that installs each optional family and the module it provides.
@@ -40,23 +38,29 @@ def require_env_family(family: str, field_name: str = "env") -> None:
         )
 
 def known_env_names(family: str = "gymnax") -> tuple[str, ...]:
-    """Names a family registers (imported lazily; optional families must be installed)."""
+    """Names a family registers, read from the family's own registry (imported lazily;
+    optional families must be installed)."""
     if family == "gymnax":
         import gymnax
 
-        return tuple(gymnax.registered_envs)
+        return tuple(gymnax.registered_envs)  # public: listed in gymnax.__all__
     require_env_family(family)
     if family == "brax":
         from brax import envs as brax_envs
 
-        return tuple(sorted(brax_envs._envs))  # brax's registry (no public accessor in 0.14)
+        # brax 0.14.2's `brax/envs/__init__.py` has no public accessor for the registered names
+        # (only get_environment / register_environment / create), so read its registry dict.
+        return tuple(sorted(brax_envs._envs))
     if family == "playground":
-        from mujoco_playground import registry
+        from mujoco_playground import dm_control_suite
 
-        return tuple(registry.dm_control_suite.ALL_ENVS)
+        # public (mujoco_playground.__all__, also reached as registry.dm_control_suite): the DM
+        # Control Suite tasks; `registry.ALL_ENVS` adds the locomotion and manipulation tasks,
+        # which this package does not accept (checked against playground 0.2.0).
+        return tuple(dm_control_suite.ALL_ENVS)
     import gymnasium
 
-    return tuple(sorted(gymnasium.envs.registry))
+    return tuple(sorted(gymnasium.registry))  # public: gymnasium.registry (gymnasium.__all__)
 
 def check_env_name(name: str, field_name: str = "env") -> None:
     """Raises ConfigError listing the known environments of the name's family when `name`
