@@ -32,10 +32,6 @@ def _check_int(name: str, value: int, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         _fail(name, value, f"must be an integer >= {minimum}")
 
-def _check_bool(name: str, value: bool) -> None:
-    if not isinstance(value, bool):
-        _fail(name, value, "must be True or False")
-
 def _check_unit_interval(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 < value <= 1.0:
         _fail(name, value, "must lie in (0, 1]")

@@ -17,7 +17,6 @@ from typing import Any, Literal, get_args
 
 from ppo_async.config.checks import (
     _changed,
-    _check_bool,
     _check_int,
     _check_non_negative,
     _check_positive,
@@ -87,8 +86,6 @@ class RolloutConfig:
         _check_int("rollout.num_steps", self.num_steps, 1)
         _check_positive("rollout.obs_clip", self.obs_clip)
         _check_positive("rollout.reward_scale", self.reward_scale)
-        _check_bool("rollout.normalize_obs", self.normalize_obs)
-        _check_bool("rollout.clip_actions", self.clip_actions)
 
 @dataclass(frozen=True)
 class PPOConfig:
@@ -141,8 +138,6 @@ class PPOConfig:
         check_field_types(self, "ppo.")
         _check_int("ppo.num_epochs", self.num_epochs, 1)
         _check_int("ppo.num_minibatches", self.num_minibatches, 1)
-        _check_bool("ppo.anneal_lr", self.anneal_lr)
-        _check_bool("ppo.normalize_advantages", self.normalize_advantages)
         _check_positive("ppo.learning_rate", self.learning_rate)
         _check_unit_interval("ppo.gamma", self.gamma)
         _check_unit_interval("ppo.gae_lambda", self.gae_lambda)
@@ -200,8 +195,6 @@ class NetworkConfig:
             ):
                 _fail(f"network.{name}", widths, "must be a sequence of integers >= 1")
             object.__setattr__(self, name, tuple(widths))
-        _check_bool("network.shared_torso", self.shared_torso)
-        _check_bool("network.state_dependent_std", self.state_dependent_std)
         if (
             not isinstance(self.init_log_std, (int, float))
             or isinstance(self.init_log_std, bool)
@@ -341,7 +334,6 @@ class ThreadedConfig:
         if not 0.0 <= self.latency_jitter < 1.0:
             _fail("threaded.latency_jitter", self.latency_jitter, "must lie in [0, 1)")
         _check_positive("threaded.timeout_s", self.timeout_s)
-        _check_bool("threaded.barrier", self.barrier)
         if self.chunks_per_batch is not None:
             _check_int("threaded.chunks_per_batch", self.chunks_per_batch, 1)
             if self.barrier and self.chunks_per_batch != self.num_samplers:
@@ -511,7 +503,6 @@ class Config:
         _check_int("total_env_steps", self.total_env_steps, 1)
         _check_int("checkpoint_every", self.checkpoint_every, 0)
         _check_int("keep_checkpoints", self.keep_checkpoints, 1)
-        _check_bool("overwrite", self.overwrite)
         _check_int("eval_every", self.eval_every, 0)
         _check_int("eval_episodes", self.eval_episodes, 1)
         _check_int("log_every", self.log_every, 1)
