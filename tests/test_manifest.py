@@ -1,0 +1,213 @@
+"""Tests of ppo_async.study.manifest: the provenance (manifest.json) every experiment run writes,
+and the git-ignored default output folder of the scripts in experiments/."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ppo_async.study import manifest
+from ppo_async.study.manifest import (
+    MANIFEST_FILE,
+    Manifest,
+    command_line,
+    default_out,
+    file_stamps,
+    git_state,
+    package_versions,
+    read_manifest,
+    written_and_kept,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = sorted(glob.glob(os.path.join(REPO, "experiments", "*.py")))
+HAVE_GIT = subprocess.run(["git", "--version"], capture_output=True).returncode == 0
+IN_CHECKOUT = HAVE_GIT and subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True).returncode == 0
+needs_checkout = pytest.mark.skipif(not IN_CHECKOUT, reason="the tests run outside a git checkout")
+
+
+def git(args: list[str], cwd: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def make_repo(path) -> str:
+    """A temporary git repository with one commit; returns its HEAD."""
+    git(["init", "-q"], str(path))
+    (path / "a.txt").write_text("a\n")
+    git(["add", "a.txt"], str(path))
+    git(["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one"], str(path))
+    return git(["rev-parse", "HEAD"], str(path)).strip()
+
+
+# ----------------------------------------------------------------------------------------
+# the pieces
+# ----------------------------------------------------------------------------------------
+
+
+@needs_checkout
+def test_git_state_of_this_repository():
+    state = git_state(REPO)
+    assert state["commit"] == git(["rev-parse", "HEAD"], REPO).strip()
+    assert state["dirty"] == bool(git(["status", "--porcelain"], REPO).strip())
+
+
+@pytest.mark.skipif(not HAVE_GIT, reason="no git")
+def test_git_state_clean_then_dirty_with_an_untracked_file(tmp_path):
+    head = make_repo(tmp_path)
+    assert git_state(str(tmp_path)) == {"commit": head, "dirty": False, "changes": []}
+    (tmp_path / "new.txt").write_text("x\n")
+    state = git_state(str(tmp_path))
+    assert state["commit"] == head and state["dirty"] is True
+    assert state["changes"] == ["?? new.txt"]
+
+
+def test_git_state_outside_a_checkout(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert git_state(str(tmp_path)) == {"commit": None, "dirty": None, "changes": None}
+
+
+def test_git_state_without_git(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git executable to be found
+    assert git_state(REPO) == {"commit": None, "dirty": None, "changes": None}
+
+
+def test_command_line_quotes_each_argument():
+    line = command_line(["experiments/x.py", "--out", "a b", "--set", "k='v'"], executable="/usr/bin/python3")
+    assert shlex.split(line) == ["/usr/bin/python3", "experiments/x.py", "--out", "a b", "--set", "k='v'"]
+    assert command_line().startswith(shlex.quote(sys.executable))
+
+
+def test_package_versions_are_the_installed_ones():
+    import jax
+    import numpy
+
+    import ppo_async
+
+    versions = package_versions()
+    assert versions["jax"] == jax.__version__ and versions["numpy"] == numpy.__version__
+    assert versions["ppo_async"] == getattr(ppo_async, "__version__", versions["ppo_async"]) and versions["ppo_async"]
+    assert versions["jaxlib"] and versions["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert package_versions(["surely-not-installed-xyz"])["surely-not-installed-xyz"] is None
+
+
+def test_file_stamps_skip_the_manifest_and_nested_results(tmp_path):
+    (tmp_path / "a.csv").write_text("1\n")
+    (tmp_path / MANIFEST_FILE).write_text("{}")
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune" / "t.json").write_text("{}")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / MANIFEST_FILE).write_text("{}")
+    (tmp_path / "other" / "b.csv").write_text("2\n")
+    assert sorted(file_stamps(str(tmp_path))) == ["a.csv", os.path.join("tune", "t.json")]
+    assert file_stamps(str(tmp_path / "missing")) == {}
+
+
+def test_written_and_kept():
+    before = {"a": (1, 1), "b": (1, 1), "c": (1, 1)}
+    after = {"a": (1, 1), "b": (2, 1), "c": (1, 2), "d": (3, 3)}
+    assert written_and_kept(before, after) == (["b", "c", "d"], ["a"])
+
+
+def test_default_out():
+    assert default_out("lag_sweep") == os.path.join(".", "runs", "experiments", "lag_sweep")
+    assert default_out("x", "/r") == "/r/runs/experiments/x"
+
+
+# ----------------------------------------------------------------------------------------
+# the manifest of a run
+# ----------------------------------------------------------------------------------------
+
+
+@needs_checkout
+def test_manifest_fields_have_real_values(tmp_path):
+    out = tmp_path / "out"
+    (tmp_path / "out").mkdir()
+    (out / "old.txt").write_text("from before\n")
+    argv = [os.path.join(REPO, "experiments", "lag_sweep.py"), "--num-seeds", "1"]
+    with Manifest(str(out), argv=argv, extra={"note": "test"}) as m:
+        time.sleep(0.05)
+        (out / "result.csv").write_text("1,2\n")
+        (out / "sub").mkdir()
+        (out / "sub" / "x.png").write_bytes(b"png")
+        m.extra["derived_from"] = {"commit": "abc"}
+    data = json.loads((out / MANIFEST_FILE).read_text())
+    assert data == read_manifest(str(out))
+    assert data["git"]["commit"] == git(["rev-parse", "HEAD"], REPO).strip()
+    assert isinstance(data["git"]["dirty"], bool)
+    assert data["script"] == os.path.join("experiments", "lag_sweep.py")
+    assert shlex.split(data["command"]) == [sys.executable, *argv]
+    assert data["cwd"] == os.getcwd()
+    assert set(data["versions"]) == {"ppo_async", "jax", "jaxlib", "numpy", "python"}
+    assert all(isinstance(v, str) and v for v in data["versions"].values())
+    machine = data["machine"]
+    assert machine["cpu_count"] == os.cpu_count() and machine["arch"] and machine["platform"]
+    for key in ("loadavg_start", "loadavg_end"):
+        assert len(machine[key]) == 3 and all(isinstance(x, float) for x in machine[key])
+    assert machine["other_cpu_cores"] is None or machine["other_cpu_cores"] >= 0
+    assert data["wall_s"] >= 0.05
+    assert data["started_at"] <= data["finished_at"] and data["finished_at"].endswith("Z")
+    assert data["completed"] is True and "error" not in data and data["reconstructed"] is False
+    assert data["files_written"] == ["result.csv", os.path.join("sub", "x.png")]
+    assert data["files_kept"] == ["old.txt"]
+    assert data["note"] == "test" and data["derived_from"] == {"commit": "abc"}
+
+
+def test_manifest_of_a_run_that_raised(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="boom"):
+        with Manifest(str(out), argv=["x.py"]):
+            (out / "partial.txt").write_text("p\n")
+            raise ValueError("boom")
+    data = read_manifest(str(out))
+    assert data["completed"] is False and data["error"] == "ValueError: boom"
+    assert data["files_written"] == ["partial.txt"] and data["wall_s"] > 0
+
+
+def test_manifest_rerun_lists_rewritten_and_kept_files(tmp_path):
+    out = tmp_path / "out"
+    with Manifest(str(out), argv=["x.py"]):
+        (out / "a.txt").write_text("1\n")
+        (out / "b.txt").write_text("1\n")
+    with Manifest(str(out), argv=["x.py", "--resume"]):
+        (out / "b.txt").write_text("22\n")
+    data = read_manifest(str(out))
+    assert data["files_written"] == ["b.txt"] and data["files_kept"] == ["a.txt"]
+    assert data["command"].endswith("x.py --resume")
+
+
+def test_manifest_finish_before_start(tmp_path):
+    with pytest.raises(RuntimeError, match="before start"):
+        Manifest(str(tmp_path)).finish()
+
+
+def test_manifest_outside_a_checkout(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    (tmp_path / "code").mkdir()
+    with Manifest(str(tmp_path / "out"), argv=["x.py"], repo=str(tmp_path / "code")):
+        pass
+    assert read_manifest(str(tmp_path / "out"))["git"] == {"commit": None, "dirty": None, "changes": None}
+    assert read_manifest(str(tmp_path / "nothing")) is None
+
+
+# ----------------------------------------------------------------------------------------
+# the scripts: untracked default output, a manifest per run
+# ----------------------------------------------------------------------------------------
+
+
+@needs_checkout
+@pytest.mark.parametrize("name", [os.path.splitext(os.path.basename(p))[0] for p in SCRIPTS])
+def test_a_scripts_default_out_is_untracked(name):
+    target = os.path.join(default_out(name, REPO), "Pendulum-v1", "summary.txt")
+    done = subprocess.run(["git", "check-ignore", "-q", os.path.relpath(target, REPO)], cwd=REPO)
+    assert done.returncode == 0, f"{target} is not git-ignored"
+
+
+def test_module_constants():
+    assert manifest.MANIFEST_FILE == "manifest.json" and manifest.SCHEMA == 1
