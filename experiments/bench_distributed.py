@@ -17,7 +17,9 @@ Measured side by side in one run of this script (Pendulum-v1, 16 envs x 32 steps
       median milliseconds per call, after warm-up.
 The ratios are 2-process / 1-process. On 2 cores the point is the overhead: the processes
 share the same two cores, so no speed-up is possible here (README says what to expect on real
-hosts). Writes experiments/results/bench_distributed/<backend>.json and report.txt.
+hosts). Writes OUT/<backend>.json, report.txt (--quick: <backend>-quick.json, report-quick.txt) and
+manifest.json; OUT defaults to runs/experiments/bench_distributed (git-ignored): publish with
+--out experiments/results/bench_distributed.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import textwrap
 import tyro
 
 from ppo_async.study.benchmarking import MachineLoad, describe_other_cpu, fmt_rate, interleave, write_report
+from ppo_async.study.manifest import Manifest, default_out
 from ppo_async.runtime.launch import free_port
 from ppo_async.report.metrics import read_jsonl
 
@@ -52,7 +55,7 @@ class Args:
     quick: bool = False
     """Smoke run: 8k env steps, 1 repeat, 50 calls."""
     out: str | None = None
-    """Output directory (default experiments/results/bench_distributed)."""
+    """Output directory (default runs/experiments/bench_distributed, git-ignored)."""
 
 
 COMMON = ["--mode", "threaded", "--env", "Pendulum-v1", "--rollout.num-envs", "16", "--rollout.num-steps", "32",
@@ -174,6 +177,13 @@ def report(results: dict) -> str:
 def main(args: Args) -> dict:
     if args.quick:
         args = dataclasses.replace(args, total_env_steps=8192, repeats=1, allreduce_calls=50)
+    out = args.out or default_out("bench_distributed", REPO)
+    with Manifest(out):
+        return measure(args, out)
+
+
+def measure(args: Args, out: str) -> dict:
+    """Both parts, interleaved; writes the report files into `out` and returns the results."""
     load = MachineLoad(include_children=True)
     results = {"backend": "cpu", "args": {**dataclasses.asdict(args), "sgd_steps_per_iteration": 2 * 4},
                "machine": load.start()}
@@ -183,7 +193,6 @@ def main(args: Args) -> dict:
     results["machine"].update(load.stop())
     text = report(results)
     print(text)
-    out = args.out or os.path.join(HERE, "results", "bench_distributed")
     write_report(out, "cpu-quick.json" if args.quick else "cpu.json", results, "report-quick.txt" if args.quick else "report.txt", text)
     return results
 

@@ -13,7 +13,9 @@
     `SyncVectorEnv` stepping random actions (target >= 0.6), and the aggregate env steps/s of
     1, 2 and 4 sampler threads each running its own host rollouts at once (no learner).
 
-Medians of interleaved repeats. Writes experiments/results/bench_envs/{results.json,report.txt}.
+Medians of interleaved repeats. Writes OUT/results.json, OUT/report.txt (--quick: results-quick.json,
+report-quick.txt) and OUT/manifest.json; OUT defaults to runs/experiments/bench_envs (git-ignored):
+publish with --out experiments/results/bench_envs.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ import ppo_async as pa
 from ppo_async import envs
 from ppo_async.core import host_rollout, learner
 from ppo_async.study.benchmarking import MachineLoad, fmt_rate, interleave, verdict, write_report
+from ppo_async.study.manifest import Manifest, default_out
 from ppo_async.modes.common import make_contexts
 from ppo_async.core.types import snapshot_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 JAX_ENVS = ("playground/CartpoleBalance", "brax/inverted_pendulum")
 HOST_ENV = "gymnasium/HalfCheetah-v5"
 HOST_TARGET = 0.6
@@ -57,7 +61,8 @@ class Args:
     """Rollouts of 64 steps per host measurement (b)."""
     quick: bool = False
     """Smaller budgets (a smoke run; figures are noisier)."""
-    out: str = os.path.join(HERE, "results", "bench_envs")
+    out: str | None = None
+    """Output folder (default runs/experiments/bench_envs, git-ignored)."""
 
 
 def sync_rate(config: pa.Config) -> float:
@@ -210,15 +215,23 @@ def report(results: dict) -> str:
 def main(args: Args) -> dict:
     if args.quick:
         args = dataclasses.replace(args, sync_env_steps=100_000, host_rollouts=4)
+    out = args.out or default_out("bench_envs", REPO)
+    with Manifest(out):
+        results = measure(args)
+        text = report(results)
+        print(text)
+        suffix = "-quick" if args.quick else ""
+        write_report(out, f"results{suffix}.json", results, f"report{suffix}.txt", text)
+    return results
+
+
+def measure(args: Args) -> dict:
+    """(a) and (b) with the machine's load around them: the results dict."""
     load = MachineLoad(include_children=True)
     results: dict[str, Any] = {"machine": load.start(), "args": dataclasses.asdict(args)}
     results["jax_envs"] = [measure_jax_env(name, args) for name in JAX_ENVS]
     results["host_env"] = measure_host_env(args)
     results["machine"].update(load.stop())
-    text = report(results)
-    print(text)
-    if not args.quick:
-        write_report(args.out, "results.json", results, "report.txt", text)
     return results
 
 

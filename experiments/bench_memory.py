@@ -34,7 +34,8 @@ steps = 1,024 env steps per iteration, 5 epochs x 16 minibatches, 2x64 networks)
 `--issue-env-steps` 30,000,000 env steps = 29,296 iterations, log_every 1, ending as
 `python -m ppo_async train` does: `result.final_returns()` reads the rows back. (`--modes`
 with no value then runs it alone.)
-Writes OUT/bench_memory.json and prints the table quoted in README.
+Writes OUT/bench_memory.json and OUT/manifest.json and prints the table quoted in README. OUT defaults to
+runs/experiments/bench_memory (git-ignored): publish with --out experiments/results/bench_memory.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ import tempfile
 
 import numpy as np
 import tyro
+
+from ppo_async.study.manifest import Manifest, default_out
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
@@ -108,6 +111,7 @@ class Args:
     modes: tuple[str, ...] = ("sync", "threaded")
     log_every: tuple[int, ...] = (1, 10)
     out: str | None = None
+    """Output folder (default runs/experiments/bench_memory, git-ignored)."""
     issue_run: bool = False
     """Also run issue 25's long threaded run (see the module docstring): the default batch,
     4 samplers, `issue_env_steps` env steps, log_every 1, `final_returns()` at the end."""
@@ -180,8 +184,10 @@ def runs_to_do(args: Args) -> list[tuple[str, int, int, str]]:
 
 
 def main(args: Args) -> list[dict]:
-    out = args.out or os.path.join(HERE, "results", "bench_memory")
+    out = args.out or default_out("bench_memory", REPO_ROOT)
     os.makedirs(out, exist_ok=True)
+    manifest = Manifest(out)
+    manifest.start()
     results = []
     for mode, iterations, log_every, shape in runs_to_do(args):
         row = run_child(mode, iterations, log_every, args.cache, shape)
@@ -201,6 +207,7 @@ def main(args: Args) -> list[dict]:
               f"{r['metrics_jsonl_mb']} | {r['seconds']} |")
     met = all(r["slope_kb_per_1000_iterations"] < 50 and r["end_peak_over_level_mb"] <= 50 for r in results)
     print(f"\ntargets (slope < 50 KB per 1000 iterations, end peak within 50 MB): {'met' if met else 'MISSED'}")
+    manifest.finish()
     print(f"wrote {out}")
     return results
 

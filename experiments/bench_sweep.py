@@ -9,7 +9,8 @@ All measured side by side in one run of this script:
   (b) `ppo_async.study.sweep(strategy="loop")`: one compile, one seed-vmapped call per config;
   (c) `ppo_async.study.sweep(strategy="vmap")`: one compile, all configs x seeds in one program;
   (s) one config, one seed, in-process (for "vmap costs at most k x a single run").
-Writes experiments/results/bench_sweep/<backend>.json and .txt.
+Writes OUT/<backend>.json, OUT/<backend>.txt and OUT/manifest.json; OUT defaults to
+runs/experiments/bench_sweep (git-ignored): publish with --out experiments/results/bench_sweep.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import jax
 import tyro
 
 import ppo_async as pa
+from ppo_async.study.manifest import Manifest, default_out
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -48,6 +50,7 @@ class Args:
     skip_processes: bool = False
     """Skip (a), the slow baseline."""
     out: str | None = None
+    """Output folder (default runs/experiments/bench_sweep, git-ignored)."""
 
 
 def cli_args(env: str, steps: int, lag: int, dual_clip: float | None, seed: int, run_dir: str) -> list[str]:
@@ -58,6 +61,13 @@ def cli_args(env: str, steps: int, lag: int, dual_clip: float | None, seed: int,
 
 
 def main(args: Args) -> dict:
+    out = args.out or default_out("bench_sweep", REPO)
+    with Manifest(out):
+        return measure(args, out)
+
+
+def measure(args: Args, out: str) -> dict:
+    """(s), (b), (c) and (a); writes the report files into `out` and returns the results."""
     grid = {"lag.K": list(args.lags), "ppo.dual_clip": [None if c == 0 else c for c in args.dual_clips]}
     num_configs = len(args.lags) * len(args.dual_clips)
     base = pa.Config(env=args.env, mode="simulated", total_env_steps=args.total_env_steps)
@@ -137,7 +147,6 @@ def main(args: Args) -> dict:
     )
     text = "\n".join(lines)
     print(text)
-    out = args.out or os.path.join(HERE, "results", "bench_sweep")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{results['backend']}.json"), "w") as f:
         json.dump(results, f, indent=2)

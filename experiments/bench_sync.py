@@ -30,7 +30,8 @@ Measured side by side in one run of this script, Pendulum-v1, one seed:
 
 Repeats interleave the two sides (alternating which goes first); the tables show medians, the
 ratio of the medians (judged against the targets) and the median of the per-repeat ratios.
-Writes OUT/<backend>.json and OUT/report.txt (default OUT: experiments/results/bench_sync).
+Writes OUT/<backend>.json, OUT/report.txt and OUT/manifest.json (default OUT: runs/experiments/bench_sync,
+git-ignored; publish with --out experiments/results/bench_sync).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from ppo_async.study.benchmarking import (
     write_report,
 )
 from ppo_async.core.rollout import rollout
+from ppo_async.study.manifest import Manifest, default_out
 from ppo_async.core.types import PolicySnapshot
 from ppo_async.runtime.xla_flags import COMPILATION_CACHE_ENV
 
@@ -106,7 +108,7 @@ class Args:
     skip_compile: bool = False
     """Skip (iii)."""
     out: str | None = None
-    """Output folder (default experiments/results/bench_sync)."""
+    """Output folder (default runs/experiments/bench_sync, git-ignored)."""
 
 
 def shape_config(name: str, args: Args) -> pa.Config:
@@ -538,6 +540,13 @@ def report(results: dict) -> str:
 def main(args: Args) -> dict:
     if args.repeats < 1:
         raise SystemExit(f"--repeats = {args.repeats} is invalid: must be >= 1")
+    out = args.out or default_out("bench_sync", REPO)
+    with Manifest(out):
+        return measure(args, out)
+
+
+def measure(args: Args, out: str) -> dict:
+    """(i)/(ii) per shape, the peer, (iii); writes the report files into `out` and returns the results."""
     load = MachineLoad(include_children=True)  # (iii)'s subprocesses count as this benchmark's own CPU time
     machine = load.start()
     results: dict[str, Any] = {
@@ -568,7 +577,7 @@ def main(args: Args) -> dict:
     results["machine"].update(load.stop())
     text = report(results)
     print(text)
-    write_report(args.out or os.path.join(HERE, "results", "bench_sync"), f"{results['backend']}.json", results, "report.txt", text)
+    write_report(out, f"{results['backend']}.json", results, "report.txt", text)
     return results
 
 

@@ -34,8 +34,9 @@ half (steady state, past the start-up).
 
 Repeats interleave the two sides (alternating which goes first); the table shows medians,
 the ratio of the medians (judged against the targets) and the median of the per-repeat
-ratios. Writes experiments/results/bench_threaded/<backend>.json and .txt (header: machine,
-CPU time taken by other processes during the run); --quick writes <backend>-quick.*.
+ratios. Writes OUT/<backend>.json and .txt (header: machine, CPU time taken by other processes
+during the run; --quick writes <backend>-quick.*) and OUT/manifest.json. OUT defaults to
+runs/experiments/bench_threaded (git-ignored): publish with --out experiments/results/bench_threaded.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from ppo_async.study.benchmarking import (
     write_report,
 )
 from ppo_async.runtime.buffer import RingBuffer
+from ppo_async.study.manifest import Manifest, default_out
 from ppo_async.modes.threaded import (
     POLL_S,
     RunShared,
@@ -78,6 +80,7 @@ from ppo_async.modes.threaded import (
 from ppo_async.core.types import snapshot_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 SAMPLER_TARGET = 0.9
 STRAGGLER_TARGET = 2.0
 
@@ -103,6 +106,7 @@ class Args:
     quick: bool = False
     """Smoke run: 2 repeats, tiny budgets, one rollout shape, one learner batch (writes <backend>-quick.*)."""
     out: str | None = None
+    """Output folder (default runs/experiments/bench_threaded, git-ignored)."""
 
 
 QUICK = dict(
@@ -404,8 +408,7 @@ def measure_straggler(args: Args, num_envs: int, num_steps: int, rollout_s: floa
     }
 
 
-def write_results(args: Args, results: dict, text: str) -> None:
-    out = args.out or os.path.join(HERE, "results", "bench_threaded")
+def write_results(args: Args, out: str, results: dict, text: str) -> None:
     name = results["backend"] + ("-quick" if args.quick else "")
     write_report(out, f"{name}.json", results, f"{name}.txt", text)
 
@@ -415,6 +418,13 @@ def main(args: Args) -> dict:
         args = dataclasses.replace(args, **QUICK)
     if args.straggler_iterations < 2:
         raise ValueError(f"straggler_iterations = {args.straggler_iterations} is invalid: must be >= 2")
+    out = args.out or default_out("bench_threaded", REPO)
+    with Manifest(out):
+        return measure(args, out)
+
+
+def measure(args: Args, out: str) -> dict:
+    """(a), (b) and (c); writes the report files into `out` and returns the results."""
     load = MachineLoad(include_children=False)  # threads only: only this process's own CPU time is excluded
     machine = load.start()
     results: dict[str, Any] = {
@@ -454,7 +464,7 @@ def main(args: Args) -> dict:
     results["machine"].update(load.stop())
     text = report(results)
     print(text)
-    write_results(args, results, text)
+    write_results(args, out, results, text)
     return results
 
 

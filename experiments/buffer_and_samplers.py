@@ -2,7 +2,7 @@
 vs the number of samplers (with a straggler), on threaded runs.
 
     python experiments/buffer_and_samplers.py            # Pendulum-v1, 5 seeds, ~10 min on 2 cores
-    python experiments/buffer_and_samplers.py --quick    # smoke run: 2 seeds, tiny budgets, into /tmp
+    python experiments/buffer_and_samplers.py --quick    # smoke run: 2 seeds, tiny budgets, into runs/experiments/buffer_and_samplers/quick
     python experiments/buffer_and_samplers.py --parts buffer --num-seeds 3
 
 Part "buffer": `buffer_samplers` samplers, ring buffer of 64, 16, 4 and 1 chunk(s) (one chunk
@@ -25,7 +25,9 @@ and the knee by `tune`'s rule (`ppo_async.study.tune.knee_of`, KL target `kl_tar
 
 Every run is measured with `analysis.run_measurements`; the tables give mean ± 95% CI over
 seeds. Writes OUT/buffer.csv, OUT/samplers.csv (one row per run), OUT/summary.txt (the README
-tables), kl_vs_buffer.png, return_vs_buffer.png and knee_<regime>.png.
+tables), kl_vs_buffer.png, return_vs_buffer.png, knee_<regime>.png and manifest.json. OUT defaults to
+runs/experiments/buffer_and_samplers/ENV (git-ignored): publish with
+--out experiments/results/buffer_and_samplers/ENV.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ import tyro
 
 import ppo_async as pa
 from ppo_async.report import analysis, plots
+from ppo_async.study.manifest import Manifest, default_out
 from ppo_async.study.tune import knee_of, with_latency
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +68,10 @@ class Args:
     latency_pattern: tuple[float, ...] = (1.0, 1.0, 1.0, 4.0)
     kl_target: float = 0.02
     out: str | None = None
+    """Output folder (default runs/experiments/buffer_and_samplers/ENV, git-ignored)."""
     quick: bool = False
-    """2 seeds, 1-3 samplers, two buffers and tiny budgets, written to /tmp (a smoke run)."""
+    """2 seeds, 1-3 samplers, two buffers and tiny budgets, written to runs/experiments/buffer_and_samplers/quick
+    unless --out (a smoke run)."""
 
 
 def base_config(args: Args, env_steps: int) -> pa.Config:
@@ -189,8 +195,14 @@ def plot(buffer_table: pd.DataFrame | None, sampler_table: pd.DataFrame | None, 
 def main(args: Args) -> None:
     if args.quick:
         args = dataclasses.replace(args, num_seeds=2, buffer_chunks=(16, 4), buffer_env_steps=20_000, max_samplers=3,
-                                   sampler_env_steps=10_000, out=args.out or "/tmp/buffer_and_samplers")
-    out = args.out or os.path.join(HERE, "results", "buffer_and_samplers", args.env)
+                                   sampler_env_steps=10_000, out=args.out or default_out(os.path.join("buffer_and_samplers", "quick"), REPO))
+    out = args.out or default_out(os.path.join("buffer_and_samplers", args.env), REPO)
+    with Manifest(out):
+        run(args, out)
+
+
+def run(args: Args, out: str) -> None:
+    """The parts asked for; writes the CSVs, summary.txt and the plots into `out`."""
     os.makedirs(out, exist_ok=True)
     t0 = time.perf_counter()
     text, buffer_table, sampler_table = [], None, None

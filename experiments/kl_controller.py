@@ -1,8 +1,10 @@
 """Does the online KL controller (`threaded.kl_target`) rescue a bad asynchronous setting?
 
     python experiments/kl_controller.py              # Pendulum-v1, 5 seeds, ~15 min on 2 cores
-    python experiments/kl_controller.py --quick      # smoke run: 2 seeds, tiny budgets, into /tmp
+    python experiments/kl_controller.py --quick      # smoke run: 2 seeds, tiny budgets, into runs/experiments/kl_controller/quick
     python experiments/kl_controller.py --env brax/inverted_pendulum --total-env-steps 1000000
+    python experiments/kl_controller.py --env brax/inverted_pendulum --threshold 900 \
+        --out experiments/results/kl_controller/brax/inverted_pendulum --summarise-only   # summary.txt again, no training
 
 Three settings, each `num_seeds` threaded runs of `total_env_steps`, in a slow-simulator regime
 (sampler i waits `pattern[i mod 4]` ms per env step, (1, 1, 1, 4): every fourth sampler is a
@@ -19,7 +21,11 @@ step); median env steps and wall-clock seconds to `threshold`; consumer env step
 `controlled`, where the controller settled (active samplers, refresh_lag, max_lag at the end).
 
 Writes OUT/runs.csv (one row per run), OUT/curves.csv.gz (per iteration), OUT/summary.txt,
-return_vs_env_steps.png, return_vs_wall_clock.png and kl_over_time.png.
+return_vs_env_steps.png, return_vs_wall_clock.png, kl_over_time.png and manifest.json. OUT defaults
+to runs/experiments/kl_controller/ENV (git-ignored): publish with
+--out experiments/results/kl_controller/ENV. `--summarise-only` writes summary.txt again from
+OUT/runs.csv and OUT/tune/chosen_config.json (the same arguments as the run, no training); its
+manifest keeps the manifest of the run that made the data as `derived_from`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_fla
 enable_compilation_cache()
 
 import dataclasses
+import json
 import os
 import shlex
 import sys
@@ -42,9 +49,11 @@ import tyro
 import ppo_async as pa
 from ppo_async.report import analysis, plots
 from ppo_async.config import replace_paths
+from ppo_async.study.manifest import Manifest, default_out, read_manifest
 from ppo_async.study.tune import with_latency
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 SETTINGS = ("bad", "controlled", "best_fixed")
 
 
@@ -61,8 +70,11 @@ class Args:
     threshold: float = -400.0
     """Return for the steps / wall-clock to threshold (Pendulum-v1: -400 is a policy that swings up)."""
     out: str | None = None
+    """Output folder (default runs/experiments/kl_controller/ENV with / as _, git-ignored)."""
     quick: bool = False
-    """2 seeds and a tiny budget, written to /tmp (a smoke run)."""
+    """2 seeds and a tiny budget, written to runs/experiments/kl_controller/quick unless --out (a smoke run)."""
+    summarise_only: bool = False
+    """Write OUT/summary.txt again from OUT/runs.csv and OUT/tune/chosen_config.json: no training."""
 
 
 def bad_config(args: Args) -> pa.Config:
@@ -142,11 +154,41 @@ def plot(curves: pd.DataFrame, args: Args, out: str) -> None:
     plots.compare_runs(runs, out)
 
 
+def command() -> str:
+    """This script's command line as the summary's last line quotes it."""
+    return f"python experiments/kl_controller.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}".rstrip()
+
+
+def summarise_only(args: Args, out: str) -> None:
+    """summary.txt from OUT/runs.csv and the configs of a finished run (`bad_config` of the same
+    arguments and OUT/tune/chosen_config.json): `summary_text` as the run writes it."""
+    runs = pd.read_csv(os.path.join(out, "runs.csv"))
+    with open(os.path.join(out, "tune", "chosen_config.json"), encoding="utf-8") as f:
+        tuned = pa.config_from_dict(json.load(f))
+    bad = bad_config(args)
+    configs = {"bad": bad, "controlled": replace_paths(bad, {"threaded.kl_target": args.kl_target}), "best_fixed": tuned}
+    text = summary_text(runs, args, configs) + [f"\n(summarised from runs.csv and tune/chosen_config.json, no training; {command()})"]
+    with open(os.path.join(out, "summary.txt"), "w") as f:
+        f.write("\n".join(text) + "\n")
+    print("\n".join(text))
+    print(f"wrote {out}/summary.txt")
+
+
 def main(args: Args) -> None:
     if args.quick:
         args = dataclasses.replace(args, num_seeds=2, total_env_steps=20_000, bad_buffer_chunks=8,
-                                   out=args.out or "/tmp/kl_controller")
-    out = args.out or os.path.join(HERE, "results", "kl_controller", args.env.replace("/", "_"))
+                                   out=args.out or default_out(os.path.join("kl_controller", "quick"), REPO))
+    out = args.out or default_out(os.path.join("kl_controller", args.env.replace("/", "_")), REPO)
+    if args.summarise_only:
+        with Manifest(out, extra={"derived_from": read_manifest(out)}):
+            summarise_only(args, out)
+        return
+    with Manifest(out):
+        run(args, out)
+
+
+def run(args: Args, out: str) -> None:
+    """The tune, then every setting and seed; writes the CSVs, summary.txt and the plots into `out`."""
     os.makedirs(out, exist_ok=True)
     t0 = time.perf_counter()
     configs = settings(args, out)
@@ -160,7 +202,7 @@ def main(args: Args) -> None:
     runs.to_csv(os.path.join(out, "runs.csv"), index=False)
     curves.to_csv(os.path.join(out, "curves.csv.gz"), index=False)
     plot(curves, args, out)
-    text = summary_text(runs, args, configs) + [f"\n({time.perf_counter() - t0:.0f} s; python experiments/kl_controller.py {' '.join(shlex.quote(a) for a in sys.argv[1:])})"]
+    text = summary_text(runs, args, configs) + [f"\n({time.perf_counter() - t0:.0f} s; {command()})"]
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write("\n".join(text) + "\n")
     print("\n".join(text))

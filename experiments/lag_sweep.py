@@ -22,10 +22,11 @@ return over the whole run = AUC / env steps, 95% CI), median env steps to the th
 seeds reaching it), mean approx KL to the behaviour policy, mean ESS fraction of the importance
 weights. A variant "breaks" at the smallest K whose mean final return is below the threshold.
 
-Writes OUT/lag_sweep.csv (one row per K x variant), OUT/runs.jsonl (every iteration and
+Writes OUT/manifest.json, OUT/lag_sweep.csv (one row per K x variant), OUT/runs.jsonl (every iteration and
 metric; git-ignored), OUT/curves.csv.gz (return, KL and ESS per iteration), PNGs
 (return vs K with CI bands, AUC vs K, KL vs K, ESS vs K, KL per lag bucket) and prints the
-tables quoted in README.
+tables quoted in README. OUT defaults to runs/experiments/lag_sweep/ENV (git-ignored): publish with
+--out experiments/results/lag_sweep/ENV.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ import tyro
 
 import ppo_async as pa
 from ppo_async.report import analysis
+from ppo_async.study.manifest import Manifest, default_out
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 
 _PPO = {"ppo.objective": "ppo", "ppo.advantage_estimator": "gae", "ppo.dual_clip": None}
 VARIANTS = {
@@ -75,6 +78,7 @@ class Args:
     threshold: float = -300.0
     """Return threshold for 'env steps to threshold' and for 'breaks'."""
     out: str | None = None
+    """Output folder (default runs/experiments/lag_sweep/ENV, git-ignored)."""
 
 
 def cell_table(df: pd.DataFrame, variant: str, threshold: float) -> pd.DataFrame:
@@ -178,7 +182,13 @@ def main(args: Args) -> pd.DataFrame:
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants {unknown} unknown: choose from {list(VARIANTS)}")
-    out = args.out or os.path.join(HERE, "results", "lag_sweep", args.env)
+    out = args.out or default_out(os.path.join("lag_sweep", args.env), REPO)
+    with Manifest(out):
+        return run(args, out)
+
+
+def run(args: Args, out: str) -> pd.DataFrame:
+    """One sweep per variant; writes the CSVs, runs.jsonl and the plots into `out`, prints the tables."""
     os.makedirs(out, exist_ok=True)
     # the env's preset (README "Per-env presets") under the sweep's own fields; none for Pendulum-v1
     base = pa.config_for_env(args.env, {"mode": "simulated", "seed": args.seed, "total_env_steps": args.total_env_steps})

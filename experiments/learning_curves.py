@@ -6,15 +6,17 @@
     python experiments/learning_curves.py --env playground/CartpoleBalance --num-seeds 3 --total-env-steps 2000000
     python experiments/learning_curves.py --env brax/inverted_pendulum --num-seeds 3 --total-env-steps 2000000
     python experiments/learning_curves.py --env playground/CheetahRun --num-seeds 3 --total-env-steps 1000000
-    # the peer's shape (64 envs x 128 steps, 4 epochs x 32 minibatches), 3 seeds x 1M steps:
+    # the peer's shape (64 envs x 128 steps, 4 epochs x 32 minibatches), 3 seeds x 1M steps
+    # (one --set with every override: a repeated --set keeps only its last value):
     python experiments/learning_curves.py --env Pendulum-v1 --num-seeds 3 --total-env-steps 1000000 \
-        --set rollout.num_envs=64 --set rollout.num_steps=128 --set ppo.num_epochs=4 \
-        --set ppo.num_minibatches=32 --tag peer-shape
+        --set rollout.num_envs=64 rollout.num_steps=128 ppo.num_epochs=4 ppo.num_minibatches=32 --tag peer-shape
 
 All seeds train in one compile (vmap). The env's preset (`ppo_async.config.presets`) fills every
 field `--set` does not. "Steps to threshold" is the env-step count of the
 first learner iteration whose mean return over the episodes finished in it reaches the
-threshold. Writes OUT/curves.csv, OUT/return_vs_steps.png, OUT/summary.json.
+threshold. Writes OUT/curves.csv, OUT/return_vs_steps.png, OUT/summary.json, OUT/manifest.json;
+OUT defaults to runs/experiments/learning_curves/ENV/TAG (git-ignored): publish with
+--out experiments/results/learning_curves/ENV/TAG.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ import tyro
 
 import ppo_async as pa
 from ppo_async.report import analysis
+from ppo_async.study.manifest import Manifest, default_out
 
 DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "CartPole-v1": 475.0, "Acrobot-v1": -100.0,
                       "playground/CartpoleBalance": 800.0, "brax/inverted_pendulum": 900.0,
                       "playground/CheetahRun": 300.0}
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 
 
 @dataclasses.dataclass
@@ -54,9 +58,10 @@ class Args:
     threshold: float | None = None
     """Return threshold; default per env (Pendulum -200, CartPole 475)."""
     set: tuple[str, ...] = ()
-    """Config overrides as dotted.key=value (values parsed as JSON when possible)."""
+    """Config overrides as dotted.key=value (values parsed as JSON when possible), all after one --set
+    (a repeated --set keeps only its last values)."""
     tag: str = "default"
-    """Name of the results folder under experiments/results/learning_curves/ENV/."""
+    """Name of the results folder under runs/experiments/learning_curves/ENV/."""
     out: str | None = None
     """Output folder (overrides the tag-based default)."""
 
@@ -109,9 +114,14 @@ def main(args: Args) -> dict:
     threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLDS.get(args.env)
     if threshold is None:
         raise SystemExit(f"--threshold is required for {args.env}")
-    out = args.out or os.path.join(HERE, "results", "learning_curves", args.env, args.tag)
-    os.makedirs(out, exist_ok=True)
+    out = args.out or default_out(os.path.join("learning_curves", args.env, args.tag), REPO)
+    with Manifest(out):
+        return run(args, config, threshold, out)
 
+
+def run(args: Args, config: pa.Config, threshold: float, out: str) -> dict:
+    """Trains every seed; writes curves.csv, summary.json and the PNG into `out`; returns the summary."""
+    os.makedirs(out, exist_ok=True)
     result = pa.train(config, progress=True)
     df = result.to_dataframe()
     df[["seed", "iteration", "env_steps", "wall_time", "steps_per_second", "episode_return", "approx_kl", "clip_fraction"]].to_csv(

@@ -1,7 +1,7 @@
 """Synchronous (barrier) vs asynchronous (threaded) PPO, and the same lags replayed without timing.
 
     python experiments/sync_vs_async.py            # Pendulum-v1, 5 seeds x 300k env steps, ~4-5 min on 2 cores
-    python experiments/sync_vs_async.py --quick    # smoke run: 2 seeds x 3 learner iterations, written to /tmp
+    python experiments/sync_vs_async.py --quick    # smoke run: 2 seeds x 3 learner iterations, into runs/experiments/sync_vs_async/quick
     python experiments/sync_vs_async.py --num-seeds 3 --variants barrier async simulated
     python experiments/sync_vs_async.py --latency-ms 1 1 1 8 --out /tmp/sva_8x
 
@@ -52,7 +52,8 @@ count (and wall-clock since the threads started, compile excluded) of the first 
 mean finished-episode return reaches R; the table reports the median over seeds with an
 unreached seed counted as never (so "-" when half the seeds or more never get there).
 
-Writes OUT (default experiments/results/sync_vs_async/): summary.txt (table, with the load
+Writes OUT (default runs/experiments/sync_vs_async, git-ignored; publish with --out
+experiments/results/sync_vs_async/...): manifest.json, summary.txt (table, with the load
 average), summary.json (per variant and per seed, configs), summary.csv, curves.csv (every
 iteration, scalar columns), schedules/async_seed<k>.jsonl (the replayed version schedules), and
 PNGs: return_vs_env_steps, return_vs_wall_clock, kl_over_time, lag_histogram_async[_cpb4],
@@ -84,8 +85,10 @@ import tyro
 
 import ppo_async as pa
 from ppo_async.report import analysis, plots
+from ppo_async.study.manifest import Manifest, default_out
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 VARIANTS = ("barrier", "async", "simulated", "async_cpb4", "simulated_lag0", "async_decoupled")
 THREADED = ("barrier", "async", "async_cpb4", "async_decoupled")
 ONE_CHUNK = ("async", "async_decoupled")  # one whole learner batch per chunk
@@ -125,9 +128,9 @@ class Args:
     thresholds: tuple[float, ...] = (-400.0, -200.0)
     """Returns for 'env steps / wall-clock to reach'."""
     quick: bool = False
-    """Smoke run: 2 seeds x 3 learner iterations, written under the temp dir unless --out."""
+    """Smoke run: 2 seeds x 3 learner iterations, written to runs/experiments/sync_vs_async/quick unless --out."""
     out: str | None = None
-    """Output folder; default experiments/results/sync_vs_async (quick: TMP/sync_vs_async_quick)."""
+    """Output folder; default runs/experiments/sync_vs_async (quick: runs/experiments/sync_vs_async/quick), git-ignored."""
     compile_cache: str | None = os.path.join(tempfile.gettempdir(), "ppo_async_jax_cache")
     """JAX persistent compilation cache (compile time is outside every wall-clock figure; this
     only shortens the script). None: the entry-point default (`enable_compilation_cache()`,
@@ -398,9 +401,13 @@ def main(args: Args) -> list[dict]:
         raise SystemExit(f"--latency-ms needs {args.num_samplers} values (one per sampler), got {args.latency_ms}")
     if args.quick:
         args = dataclasses.replace(args, num_seeds=min(args.num_seeds, 2), total_env_steps=3 * batch_size(args))
-    out = args.out or (
-        os.path.join(tempfile.gettempdir(), "sync_vs_async_quick") if args.quick else os.path.join(HERE, "results", "sync_vs_async")
-    )
+    out = args.out or default_out(os.path.join("sync_vs_async", "quick") if args.quick else "sync_vs_async", REPO)
+    with Manifest(out):
+        return run(args, out, t_script)
+
+
+def run(args: Args, out: str, t_script: float) -> list[dict]:
+    """Every variant and seed; writes the summaries, curves, schedules and PNGs into `out`."""
     os.makedirs(os.path.join(out, "schedules"), exist_ok=True)
     if args.compile_cache:
         enable_compilation_cache(args.compile_cache)
