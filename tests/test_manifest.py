@@ -201,12 +201,41 @@ def test_manifest_outside_a_checkout(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------
 
 
+def test_every_script_defaults_to_runs_and_writes_a_manifest():
+    assert len(SCRIPTS) >= 11
+    for path in SCRIPTS:
+        if os.path.basename(path) == "reconstruct_manifests.py":
+            continue
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        assert "default_out(" in source, path
+        assert "Manifest(" in source, path
+        assert 'os.path.join(HERE, "results"' not in source, path
+
+
 @needs_checkout
 @pytest.mark.parametrize("name", [os.path.splitext(os.path.basename(p))[0] for p in SCRIPTS])
 def test_a_scripts_default_out_is_untracked(name):
     target = os.path.join(default_out(name, REPO), "Pendulum-v1", "summary.txt")
     done = subprocess.run(["git", "check-ignore", "-q", os.path.relpath(target, REPO)], cwd=REPO)
     assert done.returncode == 0, f"{target} is not git-ignored"
+
+
+def test_every_published_result_directory_has_a_manifest():
+    results = os.path.join(REPO, "experiments", "results")
+    data_dirs = {os.path.dirname(p) for p in glob.glob(os.path.join(results, "**", "*.*"), recursive=True)
+                 if not p.endswith(".png") and os.path.basename(os.path.dirname(p)) not in ("tune", "schedules")}
+    missing = [d for d in sorted(data_dirs) if not os.path.isfile(os.path.join(d, MANIFEST_FILE))]
+    assert not missing, missing
+    for d in sorted(data_dirs):
+        data = read_manifest(d)
+        assert len(data["git"]["commit"]) == 40, d
+        assert all(os.path.isfile(os.path.join(d, f)) for f in data["files_written"]), d
+        if data["reconstructed"]:  # written after the fact: says so, and claims no dirty flag it cannot know
+            assert data["note"].startswith("Written after the fact") and data["git"]["dirty"] is None, d
+        else:  # a run of a script (e.g. kl_controller --summarise-only): the manifest it derives from is kept
+            assert data["completed"] is True and data["command"], d
+            assert data.get("derived_from") is None or data["derived_from"]["reconstructed"] is True, d
 
 
 def test_module_constants():
