@@ -9,6 +9,8 @@ target, the formatting of a rate, interleaved repeats and the writing of the res
     samples = interleave(repeats, [("pure", pure), ("threaded", threaded)])
     results["machine"].update(load.stop())  # wall_s, loadavg_after, other_cpu_cores
     print(verdict(ratio, 0.9), fmt_rate(61_500.0))  # "met" / "MISSED by 3.2%", "61.5k"
+
+`MachineLoad` is also the load monitor of `study.manifest`, which records it over a whole script run.
 """
 
 from __future__ import annotations
