@@ -25,6 +25,7 @@ import pytest
 
 import ppo_async as pa
 from ppo_async.runtime import distributed, launch
+from ppo_async.cli.train import distributed_layout
 from ppo_async.config import ConfigError, DistributedConfig
 from ppo_async.core.rollout import merge_rollout_stats
 from ppo_async.core.types import RolloutStats, RunningMeanStd
@@ -65,11 +66,13 @@ def test_distributed_config_errors_name_the_field():
 
 
 def test_distributed_section_is_read_from_the_command_line_before_parsing():
-    d = distributed.distributed_from_args(["--env", "CartPole-v1", *dist(1, 1234), "--distributed.heartbeat-timeout-s=7"])
+    d = distributed_layout(["--env", "CartPole-v1", *dist(1, 1234), "--distributed.heartbeat-timeout-s=7"])
     assert (d.num_processes, d.process_id, d.coordinator_address, d.heartbeat_timeout_s) == (2, 1, "127.0.0.1:1234", 7)
-    assert distributed.distributed_from_args(["--env", "CartPole-v1"]) == DistributedConfig()
+    assert distributed_layout(["--env", "CartPole-v1"]) is None
+    file_section = {"distributed": {"num_processes": 2, "process_id": 0, "coordinator_address": "127.0.0.1:9"}}
+    assert distributed_layout(["--distributed.process-id", "1"], file_section).process_id == 1  # the flag wins
     with pytest.raises(ConfigError, match="distributed.process_id"):
-        distributed.distributed_from_args(["--distributed.num-processes", "2", "--distributed.coordinator-address", "a:1"])
+        distributed_layout(["--distributed.num-processes", "2", "--distributed.coordinator-address", "a:1"])
 
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "node[003-004],login1", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
@@ -89,7 +92,7 @@ def test_distributed_cluster_is_checked_and_gives_the_layout_of_the_slurm_task(m
         distributed.resolve_cluster(DistributedConfig(cluster="slurm"))
     for name, value in SLURM.items():
         monkeypatch.setenv(name, value)
-    asked = distributed.distributed_from_args(["--distributed.cluster", "slurm", "--distributed.heartbeat-timeout-s", "5"])
+    asked = distributed_layout(["--distributed.cluster", "slurm", "--distributed.heartbeat-timeout-s", "5"])
     d = distributed.resolve_cluster(asked)  # JAX's port for the job: 4242 mod 4096 + 61440
     assert (d.num_processes, d.process_id, d.coordinator_address, d.heartbeat_timeout_s) == (2, 1, f"node003:{4242 % 4096 + 61440}", 5)
     assert distributed.resolve_cluster(d) == d and distributed.cluster_flags(d) == [
@@ -185,9 +188,6 @@ def test_launch_parsing_and_exit_statuses():
         launch.split_launch_args(["--num-processes", "2"])
     with pytest.raises(ConfigError, match="leave out --distributed.process-id"):
         launch.split_launch_args(["--num-processes", "2", "--", "train", "--distributed.process-id", "1"])
-    assert launch.parse_launch_options(["--num-processes=3", "--port", "1234"]) == (3, 1234)
-    with pytest.raises(ConfigError, match=r"--num-processes = '1' is invalid"):
-        launch.parse_launch_options(["--num-processes", "1"])
     assert launch.process_args(["--env", "X"], 2, 1, "127.0.0.1:5") == [
         "train", "--env", "X", "--distributed.num-processes", "2", "--distributed.process-id", "1",
         "--distributed.coordinator-address", "127.0.0.1:5"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
 import numpy as np
 import tyro
@@ -144,15 +144,24 @@ class _Layout:
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
 
 
+def distributed_layout(args: Sequence[str], file_data: Mapping[str, Any] | None = None) -> DistributedConfig | None:
+    """The `distributed` section asked for by `train ARGS` (`--distributed.*` over a config
+    file's section), read before the full parse to join the processes; None when neither sets
+    any. A bad value is a ConfigError naming the field (the full parse checks everything again)."""
+    section = (file_data or {}).get("distributed", {})
+    section = section if isinstance(section, dict) else {}
+    if not section and not any(a.startswith("--distributed.") for a in args):
+        return None
+    default = _Layout(DistributedConfig(**section))
+    return parse(_Layout, args, command="train", default=default, return_unknown_args=True, add_help=False)[0].distributed
+
+
 def _join_processes(args: Sequence[str], file_data: dict) -> list[str]:
     """Joins the processes of a multi-process run (nothing for one process); returns the
     options the full parse needs on top of `args`: the layout a cluster gave (else none)."""
-    section = file_data.get("distributed", {})
-    section = section if isinstance(section, dict) else {}
-    if not section and not any(a.startswith("--distributed.") for a in args):
+    asked = distributed_layout(args, file_data)
+    if asked is None:
         return []
-    default = _Layout(DistributedConfig(**section))
-    asked = parse(_Layout, args, command="train", default=default, return_unknown_args=True, add_help=False)[0].distributed
     joined = distributed.initialize(asked)
     return distributed.cluster_flags(joined) if asked.cluster != "none" and asked.process_id is None else []
 

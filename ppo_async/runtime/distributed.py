@@ -220,21 +220,6 @@ def leave_after_failure(message: str, report: bool = True, client: Any = None, j
         return
 
 
-def distributed_from_args(args: Sequence[str], file_section: Mapping[str, Any] | None = None) -> DistributedConfig:
-    """The `distributed` section of `train` options (`--distributed.<field> V` or `=V`) over a
-    config file's (pure): what the CLI needs to join the processes before it parses the rest
-    (the full parse checks everything again)."""
-    values = dict(file_section or {})
-    names = {f.name for f in dataclasses.fields(DistributedConfig)}
-    for i, arg in enumerate(args):
-        flag, eq, inline = arg.partition("=")
-        field_name = flag[len("--distributed."):].replace("-", "_") if flag.startswith("--distributed.") else ""
-        if field_name in names:
-            raw = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
-            values[field_name] = int(raw) if raw.isdigit() and field_name != "coordinator_address" else raw
-    return DistributedConfig(**values)
-
-
 def global_learner_devices(local_learner: Sequence[Any], all_devices: Sequence[Any] | None = None) -> tuple[Any, ...]:
     """The learner devices of every process, process by process (pure given `all_devices`).
 

@@ -21,22 +21,6 @@ from typing import IO, Sequence
 
 from ppo_async.config import ConfigError, DistributedFailure
 
-LAUNCH_HELP = """usage: python -m ppo_async launch --num-processes N [--port PORT] -- train [TRAIN OPTIONS]
-
-Runs one multi-process training run on this machine: N processes of `train`, each with its
-own sampler threads and ring buffer and a share of one data-parallel learner (jax.distributed
-over loopback). Process 0 writes the run directory; every process writes
-RUN_DIR/logs/process_<i>.log. Output lines are prefixed with [i]. The exit status is the first
-non-zero one of any process (0 when every process succeeds).
-
-options:
-  -h, --help           show this help and exit
-  --num-processes N    processes to start (>= 2)
-  --port PORT          coordinator port on 127.0.0.1 (default: a free one)
-The TRAIN OPTIONS are those of `train` (mode threaded), without --distributed.num-processes,
---distributed.process-id and --distributed.coordinator-address (set here).
-"""
-
 GRACE_S = 10.0  # after a failure: the others' heartbeat timeout plus this, then they are killed
 
 
@@ -149,35 +133,3 @@ def split_launch_args(argv: Sequence[str]) -> tuple[list[str], list[str]] | None
     return own, rest[1:]
 
 
-def parse_launch_options(own: Sequence[str]) -> tuple[int, int | None]:
-    """`(num_processes, port)` from `--num-processes N [--port P]`; ConfigError naming a bad one."""
-    values = _options(own, {"--num-processes", "--port"})
-    if "--num-processes" not in values:
-        raise ConfigError("launch --num-processes N is required")
-    num_processes = _int_option("--num-processes", values["--num-processes"], 2)
-    port = _int_option("--port", values["--port"], 1) if "--port" in values else None
-    return num_processes, port
-
-
-def _options(args: Sequence[str], names: set[str]) -> dict[str, str]:
-    values: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        name, _, inline = args[i].partition("=")
-        if name not in names:
-            raise ConfigError(f"launch: unknown option {args[i]!r} (see `python -m ppo_async launch --help`)")
-        if inline:
-            values[name] = inline
-            i += 1
-        elif i + 1 < len(args):
-            values[name] = args[i + 1]
-            i += 2
-        else:
-            raise ConfigError(f"launch: {name} needs a value")
-    return values
-
-
-def _int_option(name: str, value: str, minimum: int) -> int:
-    if not value.isdigit() or int(value) < minimum:
-        raise ConfigError(f"launch {name} = {value!r} is invalid: must be an integer >= {minimum}")
-    return int(value)
