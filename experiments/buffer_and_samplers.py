@@ -47,7 +47,7 @@ import tyro
 
 import ppo_async as pa
 from ppo_async.report import analysis, plots
-from ppo_async.study.manifest import Manifest, default_out
+from ppo_async.study.manifest import Manifest, default_out, write_summary
 from ppo_async.study.tune import knee_of, with_latency
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -219,9 +219,7 @@ def run(args: Args, out: str) -> None:
         text += samplers_text(df, sampler_table, args)
     plot(buffer_table, sampler_table, args, out)
     text.append(f"\n({time.perf_counter() - t0:.0f} s; python experiments/buffer_and_samplers.py)")
-    with open(os.path.join(out, "summary.txt"), "w") as f:
-        f.write("\n".join(text) + "\n")
-    print("\n".join(text))
+    write_summary(out, text)
     print(f"wrote {out}")
 
 

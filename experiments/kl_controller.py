@@ -49,7 +49,7 @@ import tyro
 import ppo_async as pa
 from ppo_async.report import analysis, plots
 from ppo_async.config import replace_paths
-from ppo_async.study.manifest import Manifest, default_out, read_manifest
+from ppo_async.study.manifest import Manifest, default_out, read_manifest, write_summary
 from ppo_async.study.tune import with_latency
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -168,9 +168,7 @@ def summarise_only(args: Args, out: str) -> None:
     bad = bad_config(args)
     configs = {"bad": bad, "controlled": replace_paths(bad, {"threaded.kl_target": args.kl_target}), "best_fixed": tuned}
     text = summary_text(runs, args, configs) + [f"\n(summarised from runs.csv and tune/chosen_config.json, no training; {command()})"]
-    with open(os.path.join(out, "summary.txt"), "w") as f:
-        f.write("\n".join(text) + "\n")
-    print("\n".join(text))
+    write_summary(out, text)
     print(f"wrote {out}/summary.txt")
 
 
@@ -203,9 +201,7 @@ def run(args: Args, out: str) -> None:
     curves.to_csv(os.path.join(out, "curves.csv.gz"), index=False)
     plot(curves, args, out)
     text = summary_text(runs, args, configs) + [f"\n({time.perf_counter() - t0:.0f} s; {command()})"]
-    with open(os.path.join(out, "summary.txt"), "w") as f:
-        f.write("\n".join(text) + "\n")
-    print("\n".join(text))
+    write_summary(out, text)
     print(f"wrote {out}")
 
 

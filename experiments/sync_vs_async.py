@@ -85,7 +85,7 @@ import tyro
 
 import ppo_async as pa
 from ppo_async.report import analysis, plots
-from ppo_async.study.manifest import Manifest, default_out
+from ppo_async.study.manifest import Manifest, default_out, write_summary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -501,10 +501,8 @@ def run(args: Args, out: str, t_script: float) -> list[dict]:
         "#   (parenthesised) wall-clock figures are simulated runs: compute only, no env latency, not comparable.",
         "",
     ]
-    text = "\n".join(header) + table + "\n"
-    with open(os.path.join(out, "summary.txt"), "w") as f:
-        f.write(text)
-    print("\n" + text)
+    print()
+    write_summary(out, ["\n".join(header) + table])
     print(f"wrote {out} ({len(pngs)} PNGs) in {script_seconds:.0f}s")
     return summary
 

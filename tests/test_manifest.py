@@ -240,3 +240,9 @@ def test_every_published_result_directory_has_a_manifest():
 
 def test_module_constants():
     assert manifest.MANIFEST_FILE == "manifest.json" and manifest.SCHEMA == 1
+
+
+def test_write_summary_writes_the_lines_it_prints(tmp_path, capsys):
+    path = manifest.write_summary(str(tmp_path / "out"), ["a  1", "", "b  2"])
+    assert path == str(tmp_path / "out" / "summary.txt")
+    assert open(path, encoding="utf-8").read() == "a  1\n\nb  2\n" == capsys.readouterr().out

@@ -147,6 +147,18 @@ def write_json(path: str, data: dict) -> None:
         f.write("\n")
 
 
+def write_summary(out: str, lines: Sequence[str], name: str = "summary.txt") -> str:
+    """Writes `lines` joined by newlines (and a final one) to OUT/NAME and prints them: the
+    text summary an experiment publishes. Returns the file's path."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, name)
+    text = "\n".join(lines) + "\n"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text, end="")
+    return path
+
+
 def read_manifest(out: str) -> dict | None:
     """OUT/manifest.json, or None when there is none."""
     path = os.path.join(out, MANIFEST_FILE)
