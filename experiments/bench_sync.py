@@ -229,7 +229,7 @@ def make_roofline(config: pa.Config) -> Roofline:
 
     def iteration(state: RooflineState) -> RooflineState:
         key, rollout_key, update_key = jax.random.split(state.key, 3)
-        snapshot = PolicySnapshot(state.params, state.obs_stats, state.version)
+        snapshot = PolicySnapshot(state.params, state.obs_stats, state.version, normalization.init_reward_stats())  # the roofline never normalises rewards
         env_state, trajectory = rollout(rollout_ctx, snapshot, state.env_state, rollout_key)
         tr = trajectory.transitions
         _, values = network.apply(state.params, tr.obs)

@@ -268,7 +268,8 @@ def test_concurrent_producers_consumer_no_loss_no_duplicates(full_policy):
 # ----------------------------------------------------------------------------- param store
 def snap(version: int) -> PolicySnapshot:
     stats = RunningMeanStd(jnp.zeros(3), jnp.ones(3), jnp.asarray(1.0))
-    return PolicySnapshot({"w": jnp.full((2, 2), float(version))}, stats, jnp.asarray(version, jnp.int32))
+    return PolicySnapshot({"w": jnp.full((2, 2), float(version))}, stats, jnp.asarray(version, jnp.int32),
+                          RunningMeanStd(jnp.zeros(()), jnp.ones(()), jnp.asarray(1.0)))
 
 
 def test_param_store_version_monotonic():

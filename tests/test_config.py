@@ -305,7 +305,7 @@ def test_dict_round_trip_is_json_and_equal():
     assert data["network"]["actor_hidden"] == [8, 4]  # JSON lists
     assert data["rollout"] == {
         "num_envs": 4, "num_steps": 8, "normalize_obs": True, "obs_clip": 10.0,
-        "reward_scale": 0.1, "clip_actions": True,
+        "reward_scale": 0.1, "normalize_reward": False, "reward_clip": 10.0, "clip_actions": True,
     }
     text = json.dumps(data)
     back = pa.config_from_dict(json.loads(text))

@@ -147,6 +147,7 @@ def test_merged_stats_of_two_shares_equal_the_stats_of_the_whole():
     def stats(rows):
         return RolloutStats(jnp.float32(rows.sum()), jnp.float32(2 * len(rows)), jnp.float32(len(rows)),
                             RunningMeanStd(jnp.asarray(rows.mean(0)), jnp.asarray(rows.var(0)), jnp.float32(len(rows))),
+                            RunningMeanStd(jnp.asarray(rows[:, 0].mean()), jnp.asarray(rows[:, 0].var()), jnp.float32(len(rows))),
                             jnp.int32(0))
 
     merged = merge_rollout_stats([stats(x[:4]), stats(x[4:])])

@@ -273,7 +273,7 @@ def test_a_checkpoint_of_the_older_format_fails_with_a_clear_message(tmp_path):
     old_state = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), like)
     with Checkpointer(run_dir / "checkpoints") as ckpt:  # as the version before the optax chain wrote it
         ckpt.save(4, old_state, {"config": pa.config_to_dict(config), "iteration": 4})
-    with pytest.raises(CheckpointError, match=r"format 1, written by an older version of ppo_async; this version reads format 2"):
+    with pytest.raises(CheckpointError, match=r"format 1, written by an older version of ppo_async; this version reads format 3"):
         pa.load(run_dir)
     with pytest.raises(CheckpointError, match="format 1"):
         pa.resume(str(run_dir))

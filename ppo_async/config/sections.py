@@ -76,7 +76,11 @@ class RolloutConfig:
     obs_clip: float = 10.0
     """Normalised observations are clipped to [-obs_clip, obs_clip]."""
     reward_scale: float = 0.1
-    """Rewards are multiplied by this before GAE (returns reported are unscaled)."""
+    """Rewards are multiplied by this before GAE (returns reported are unscaled); after normalize_reward when that is on."""
+    normalize_reward: bool = False
+    """Divide rewards by the running std of the discounted return (ppo.gamma), as baselines' VecNormalize, CleanRL and SB3 do; the statistics live in the train state and samplers use their snapshot's."""
+    reward_clip: float = 10.0
+    """Normalised rewards are clipped to [-reward_clip, reward_clip] (normalize_reward only)."""
     clip_actions: bool = True
     """Clip continuous actions to the env's bounds before stepping (the stored action is unclipped)."""
 
@@ -86,6 +90,9 @@ class RolloutConfig:
         _check_int("rollout.num_steps", self.num_steps, 1)
         _check_positive("rollout.obs_clip", self.obs_clip)
         _check_positive("rollout.reward_scale", self.reward_scale)
+        _check_positive("rollout.reward_clip", self.reward_clip)
+        if not self.normalize_reward and self.reward_clip != type(self).__dataclass_fields__["reward_clip"].default:
+            _inert("rollout.reward_clip", self.reward_clip, "rewards are not normalised (rollout.normalize_reward = False)")
 
 @dataclass(frozen=True)
 class PPOConfig:

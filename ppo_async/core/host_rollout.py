@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.core import networks, normalization
-from ppo_async.core.rollout import RolloutContext
-from ppo_async.core.types import PolicySnapshot, RolloutStats, Trajectory, Transition
+from ppo_async.core.rollout import RolloutContext, rollout_stats
+from ppo_async.core.types import PolicySnapshot, Trajectory, Transition
 from ppo_async.envs import base as envs
 from ppo_async.envs.gymnasium import HostVectorEnv, seed_of  # noqa: F401  (the sampler's env, re-exported)
 
@@ -44,20 +44,21 @@ def assemble(
     ctx: RolloutContext, snapshot: PolicySnapshot, raw_obs: chex.Array, action: chex.Array,
     behavior_log_prob: chex.Array, behavior_dist: Any, reward: chex.Array, terminated: chex.Array,
     truncated: chex.Array, final_obs: chex.Array, last_obs: chex.Array, finished_return: chex.Array,
-    finished_length: chex.Array,
+    finished_length: chex.Array, discounted: chex.Array,
 ) -> Trajectory:
     """The `Trajectory` of T host steps (pure; the same fields as `rollout.rollout`).
 
     Args: raw observations acted on `[T, N, O...]`, actions `[T, N, ...]`, behaviour log-probs
     `[T, N]` and distributions (leaves `[T, N, ...]`), rewards / flags `[T, N]`, the raw
     observations reached `[T, N, O...]`, the raw observation after the last step `[N, O...]`,
-    finished-episode returns and lengths `[T, N]` (0 where none ended).
+    finished-episode returns and lengths `[T, N]` (0 where none ended), the discounted returns
+    G_t `[T, N]` (`normalization.discounted_return_step`).
     """
     num_steps, num_envs = reward.shape
     transitions = Transition(
         obs=ctx.policy_input(snapshot, raw_obs),
         action=action,
-        reward=reward,
+        reward=ctx.learner_reward(snapshot, reward),
         terminated=terminated,
         truncated=truncated,
         final_obs=ctx.policy_input(snapshot, final_obs),
@@ -65,14 +66,7 @@ def assemble(
         behavior_dist=behavior_dist,
         policy_version=jnp.full((num_steps, num_envs), snapshot.version, jnp.int32),
     )
-    nonfinite = jnp.sum(~jnp.isfinite(reward)) + jnp.sum(~jnp.isfinite(raw_obs))
-    stats = RolloutStats(
-        episode_return_sum=jnp.sum(finished_return),
-        episode_length_sum=jnp.sum(finished_length).astype(jnp.float32),
-        episode_count=jnp.sum(finished_length > 0).astype(jnp.float32),
-        obs_moments=normalization.batch_moments(raw_obs, len(ctx.env.obs_shape)),
-        nonfinite_count=nonfinite.astype(jnp.int32),
-    )
+    stats = rollout_stats(ctx, raw_obs, reward, discounted, finished_return, finished_length)
     return Trajectory(transitions=transitions, last_obs=ctx.policy_input(snapshot, last_obs), stats=stats)
 
 @dataclass(frozen=True)
@@ -85,6 +79,8 @@ class HostRollout:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_act", jax.jit(lambda snap, obs, key: act(self.ctx, snap, obs, key)))
         object.__setattr__(self, "_assemble", jax.jit(lambda snap, *arrays: assemble(self.ctx, snap, *arrays)))
+        object.__setattr__(self, "_returns", jax.jit(lambda running, reward, done: normalization.discounted_returns(
+            running, reward, done, self.ctx.gamma or 0.0)))
 
     def __call__(self, snapshot: PolicySnapshot, env: HostVectorEnv, key: chex.PRNGKey) -> tuple[HostVectorEnv, Trajectory]:
         ctx, num_steps = self.ctx, self.ctx.config.num_steps
@@ -99,8 +95,17 @@ class HostRollout:
         stacked = [np.stack(column) if not isinstance(column[0], tuple) else jax.tree.map(lambda *x: np.stack(x), *column)
                    for column in zip(*steps)]
         raw_obs, action, log_prob, dist, reward, terminated, truncated, final_obs, fin_ret, fin_len = stacked
+        discounted = self._discounted_returns(env, reward, terminated | truncated)
         return env, self._assemble(snapshot, raw_obs, action, log_prob, dist, reward, terminated, truncated,
-                                   final_obs, env.obs, fin_ret, fin_len)
+                                   final_obs, env.obs, fin_ret, fin_len, discounted)
+
+    def _discounted_returns(self, env: HostVectorEnv, reward: np.ndarray, done: np.ndarray) -> Any:
+        """G_t `[T, N]` of the chunk's rewards and done flags `[T, N]`, continuing the env's
+        running discounted return (which it advances)."""
+        if not self.ctx.config.normalize_reward:
+            return np.zeros(reward.shape, np.float32)  # never read: no need to spend a call on it
+        discounted, env.discounted_return = self._returns(env.discounted_return, reward, done)
+        return discounted
 
     def _zeros(self, snapshot: PolicySnapshot) -> list[Any]:
         """Arguments of `assemble` for one all-zero chunk (shapes only matter)."""
@@ -112,7 +117,7 @@ class HostRollout:
         flags = np.zeros((t, n), bool)
         return [np.zeros((t, *obs.shape), np.float32), over_t(action), over_t(log_prob), jax.tree.map(over_t, dist),
                 np.zeros((t, n), np.float32), flags, flags, np.zeros((t, *obs.shape), np.float32), obs,
-                np.zeros((t, n), np.float32), np.zeros((t, n), np.int32)]
+                np.zeros((t, n), np.float32), np.zeros((t, n), np.int32), np.zeros((t, n), np.float32)]
 
     def trajectory_like(self, snapshot: PolicySnapshot) -> Trajectory:
         """ShapeDtypeStructs of one chunk (for sizing the ring buffer)."""

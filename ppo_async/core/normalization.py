@@ -1,5 +1,9 @@
-"""Running observation normalisation: moments of batches, merged exactly across batches
-(Chan, Golub & LeVeque 1979), and the clipped normaliser applied to policy inputs.
+"""Running observation and reward normalisation: moments of batches, merged exactly across
+batches (Chan, Golub & LeVeque 1979), the clipped normaliser applied to policy inputs, and
+rewards scaled by the running standard deviation of the discounted return (the reward
+normalisation of PPO's reference implementations: OpenAI baselines' `VecNormalize`, kept by
+CleanRL and Stable-Baselines3; its effect on MuJoCo is measured by Engstrom et al. 2020,
+"Implementation Matters in Deep RL", arXiv:2005.12729).
 
 Shapes: `O...` = observation shape; a batch `[..., O...]` is reduced over its leading axes.
 """
@@ -7,6 +11,7 @@ Shapes: `O...` = observation shape; a batch `[..., O...]` is reduced over its le
 from __future__ import annotations
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -50,3 +55,49 @@ def normalize_obs(stats: RunningMeanStd, obs: chex.Array, clip: float, enabled: 
     if not enabled:
         return obs
     return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + 1e-8), -clip, clip)
+
+
+def init_reward_stats() -> RunningMeanStd:
+    """Moments of no discounted returns (scalars): normalising rewards is the identity at first."""
+    return init_obs_stats(())
+
+
+def discounted_return_step(
+    running_return: chex.Array, reward: chex.Array, done: chex.Array, gamma: float | chex.Array
+) -> tuple[chex.Array, chex.Array]:
+    """One step of each env's discounted return, the quantity whose variance scales rewards.
+
+    G_t = gamma * G_{t-1} + r_t, and G restarts from 0 after an episode ends (terminated or
+    truncated), as baselines' `VecNormalize` does.
+
+    Args: `running_return` `[N]` G_{t-1} (0 at an episode's start), `reward` `[N]` raw r_t,
+      `done` `[N]` bool, the episode ended at t.
+    Returns: `(G_t [N], the carry for step t + 1 [N])`.
+    """
+    discounted = gamma * running_return + reward
+    return discounted, jnp.where(done, 0.0, discounted)
+
+
+def discounted_returns(
+    running_return: chex.Array, reward: chex.Array, done: chex.Array, gamma: float | chex.Array
+) -> tuple[chex.Array, chex.Array]:
+    """`discounted_return_step` over T steps: `(G [T, N], the carry after step T [N])` from the
+    carry before the first step `[N]` and rewards / done flags `[T, N]`."""
+    def body(carry: chex.Array, step: tuple[chex.Array, chex.Array]) -> tuple[chex.Array, chex.Array]:
+        discounted, carry = discounted_return_step(carry, step[0], step[1], gamma)
+        return carry, discounted
+
+    carry, discounted = jax.lax.scan(body, jnp.asarray(running_return, jnp.float32), (reward, done))
+    return discounted, carry
+
+
+def normalize_reward(stats: RunningMeanStd, reward: chex.Array, clip: float, enabled: bool = True) -> chex.Array:
+    """r / sqrt(var(G) + 1e-8), clipped to [-clip, clip]; identity when disabled.
+
+    `stats` are the moments of the discounted return G (`discounted_return_step`); only its
+    variance is used (rewards are scaled, not centred, so their sign and the optimal policy
+    stay as they are).
+    """
+    if not enabled:
+        return reward
+    return jnp.clip(reward / jnp.sqrt(stats.var + 1e-8), -clip, clip)

@@ -8,6 +8,7 @@ distribution parameters and its `policy_version`, so a learner that consumes it 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -25,11 +26,20 @@ from ppo_async.core import normalization
 
 @dataclass(frozen=True)
 class RolloutContext:
-    """The static parts of a rollout: env, network and rollout section of the config."""
+    """The static parts of a rollout: env, network and rollout section of the config.
+
+    `gamma` (ppo.gamma) discounts the returns whose running std normalises rewards; it is
+    required when `config.normalize_reward`.
+    """
 
     env: envs.Env
     network: ActorCritic
     config: RolloutConfig
+    gamma: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.config.normalize_reward and self.gamma is None:
+            raise ValueError("RolloutContext.gamma is required with rollout.normalize_reward (the discount of the return it normalises by)")
 
     def policy_input(self, snapshot: PolicySnapshot, raw_obs: chex.Array) -> chex.Array:
         """Raw observations `[..., O...]` -> normalised policy input under the snapshot's stats."""
@@ -37,15 +47,27 @@ class RolloutContext:
             snapshot.obs_stats, raw_obs, self.config.obs_clip, self.config.normalize_obs
         )
 
+    def learner_reward(self, snapshot: PolicySnapshot, reward: chex.Array) -> chex.Array:
+        """Env rewards `[...]` -> the rewards stored for the learner: divided by the snapshot's
+        running std of the discounted return when `config.normalize_reward`, else as they are."""
+        if not self.config.normalize_reward:
+            return reward
+        return normalization.normalize_reward(snapshot.reward_stats, reward, self.config.reward_clip)
+
+    def return_step(self, running_return: chex.Array, reward: chex.Array, done: chex.Array) -> tuple[chex.Array, chex.Array]:
+        """`normalization.discounted_return_step` at this context's gamma (0 when unused: the
+        carry then stays 0 and the moments are never read)."""
+        return normalization.discounted_return_step(running_return, reward, done, self.gamma or 0.0)
+
 
 def rollout_step(
     ctx: RolloutContext, snapshot: PolicySnapshot, env_state: EnvState, key: chex.PRNGKey
-) -> tuple[EnvState, tuple[Transition, chex.Array, chex.Array, chex.Array]]:
+) -> tuple[EnvState, tuple[Transition, chex.Array, chex.Array, chex.Array, chex.Array, chex.Array]]:
     """One step of N envs: act with the snapshot, step, record.
 
     Returns:
-      `(next_env_state, (transition [N, ...], raw_obs [N, O...], finished_return [N],
-      finished_length [N]))`.
+      `(next_env_state, (transition [N, ...], raw_obs [N, O...], raw reward [N],
+      discounted return G_t [N], finished_return [N], finished_length [N]))`.
     """
     act_key, step_key = jax.random.split(key)
     obs = ctx.policy_input(snapshot, env_state.obs)
@@ -54,10 +76,13 @@ def rollout_step(
     behavior_log_prob = networks.log_prob(dist, action)
     next_state, step = envs.step_envs(ctx.env, env_state, action, step_key, ctx.config.clip_actions)
     num_envs = env_state.obs.shape[0]
+    done = jnp.logical_or(step.terminated, step.truncated)
+    discounted, running_return = ctx.return_step(env_state.discounted_return, step.reward, done)
+    next_state = next_state._replace(discounted_return=running_return)
     transition = Transition(
         obs=obs,
         action=action,
-        reward=step.reward,
+        reward=ctx.learner_reward(snapshot, step.reward),
         terminated=step.terminated,
         truncated=step.truncated,
         final_obs=ctx.policy_input(snapshot, step.final_obs),
@@ -65,7 +90,7 @@ def rollout_step(
         behavior_dist=dist,
         policy_version=jnp.full((num_envs,), snapshot.version, jnp.int32),
     )
-    return next_state, (transition, env_state.obs, step.finished_return, step.finished_length)
+    return next_state, (transition, env_state.obs, step.reward, discounted, step.finished_return, step.finished_length)
 
 
 def rollout(
@@ -87,19 +112,10 @@ def rollout(
     def body(state: EnvState, step_key: chex.PRNGKey) -> tuple[EnvState, Any]:
         return rollout_step(ctx, snapshot, state, step_key)
 
-    env_state, (transitions, raw_obs, finished_return, finished_length) = jax.lax.scan(
+    env_state, (transitions, raw_obs, raw_reward, discounted, finished_return, finished_length) = jax.lax.scan(
         body, env_state, keys
     )
-    finished = finished_length > 0
-    obs_ndim = len(ctx.env.obs_shape)
-    nonfinite = jnp.sum(~jnp.isfinite(transitions.reward)) + jnp.sum(~jnp.isfinite(raw_obs))
-    stats = RolloutStats(
-        episode_return_sum=jnp.sum(finished_return),
-        episode_length_sum=jnp.sum(finished_length).astype(jnp.float32),
-        episode_count=jnp.sum(finished).astype(jnp.float32),
-        obs_moments=normalization.batch_moments(raw_obs, obs_ndim),
-        nonfinite_count=nonfinite.astype(jnp.int32),
-    )
+    stats = rollout_stats(ctx, raw_obs, raw_reward, discounted, finished_return, finished_length)
     trajectory = Trajectory(
         transitions=transitions,
         last_obs=ctx.policy_input(snapshot, env_state.obs),
@@ -108,18 +124,37 @@ def rollout(
     return env_state, trajectory
 
 
+def rollout_stats(
+    ctx: RolloutContext, raw_obs: chex.Array, raw_reward: chex.Array, discounted: chex.Array,
+    finished_return: chex.Array, finished_length: chex.Array,
+) -> RolloutStats:
+    """What T steps of N envs saw (pure; shared by the jitted and the host rollout).
+
+    Args: raw observations acted on `[T, N, O...]`, env rewards `[T, N]`, discounted returns
+    G_t `[T, N]`, finished-episode returns and lengths `[T, N]` (0 where none ended).
+    """
+    nonfinite = jnp.sum(~jnp.isfinite(raw_reward)) + jnp.sum(~jnp.isfinite(raw_obs))
+    return RolloutStats(
+        episode_return_sum=jnp.sum(finished_return),
+        episode_length_sum=jnp.sum(finished_length).astype(jnp.float32),
+        episode_count=jnp.sum(finished_length > 0).astype(jnp.float32),
+        obs_moments=normalization.batch_moments(raw_obs, len(ctx.env.obs_shape)),
+        return_moments=normalization.batch_moments(discounted, 0),
+        nonfinite_count=nonfinite.astype(jnp.int32),
+    )
+
+
 def merge_rollout_stats(stats: Sequence[RolloutStats]) -> RolloutStats:
     """The statistics of several rollouts taken together: episode sums and counts add up,
     observation moments merge (Chan et al. 1979). Also merges processes' shares of a batch."""
-    moments = stats[0].obs_moments
-    for other in stats[1:]:
-        moments = normalization.merge_moments(moments, other.obs_moments)
+    merged = lambda name: functools.reduce(normalization.merge_moments, [getattr(s, name) for s in stats])  # noqa: E731
     total = lambda name: sum(getattr(s, name) for s in stats)  # noqa: E731
     return RolloutStats(
         episode_return_sum=total("episode_return_sum"),
         episode_length_sum=total("episode_length_sum"),
         episode_count=total("episode_count"),
-        obs_moments=moments,
+        obs_moments=merged("obs_moments"),
+        return_moments=merged("return_moments"),
         nonfinite_count=total("nonfinite_count"),
     )
 

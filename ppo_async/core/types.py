@@ -31,10 +31,11 @@ Dist = GaussianDist | CategoricalDist
 
 
 class RunningMeanStd(NamedTuple):
-    """Running mean / variance of observations (parallel Welford; Chan et al. 1979)."""
+    """Running mean / variance of observations `[O...]` or of discounted returns `[]`
+    (parallel Welford; Chan et al. 1979)."""
 
-    mean: chex.Array  # [O...] float32
-    var: chex.Array  # [O...] float32
+    mean: chex.Array  # [O...] (or []) float32
+    var: chex.Array  # [O...] (or []) float32
     count: chex.Array  # [] float32
 
 
@@ -48,7 +49,8 @@ class Transition(NamedTuple):
 
     obs: chex.Array  # [T, N, O...] policy input at step t
     action: chex.Array  # [T, N, A] float32 (unclipped sample) or [T, N] int32
-    reward: chex.Array  # [T, N] env reward r_t (the learner applies rollout.reward_scale)
+    reward: chex.Array  # [T, N] reward r_t as the learner uses it: the env's, divided by the snapshot's
+    #   running std of the discounted return when rollout.normalize_reward (the learner applies reward_scale)
     terminated: chex.Array  # [T, N] bool: the MDP ended at step t (no bootstrap)
     truncated: chex.Array  # [T, N] bool: a time limit cut the episode at step t (bootstrap)
     final_obs: chex.Array  # [T, N, O...] observation reached by step t, before any auto-reset
@@ -64,6 +66,7 @@ class RolloutStats(NamedTuple):
     episode_length_sum: chex.Array  # [] sum of their lengths
     episode_count: chex.Array  # [] number of episodes finished in the rollout
     obs_moments: RunningMeanStd  # moments of the raw observations seen (for normalisation)
+    return_moments: RunningMeanStd  # [] moments of the discounted returns G_t seen (reward normalisation)
     nonfinite_count: chex.Array  # [] count of non-finite rewards/observations seen
 
 
@@ -84,6 +87,7 @@ class TrainState(NamedTuple):
     version: chex.Array  # [] int32 learner version: +1 per learner iteration
     sgd_steps: chex.Array  # [] int32 gradient steps taken
     env_steps: chex.Array  # [] int32 env steps consumed by the learner
+    reward_stats: RunningMeanStd  # [] moments of consumed discounted returns (rollout.normalize_reward)
     prox_params: Any = None  # EWMA of `params`, the proximal policy of ppo.prox_ewma (None when unused)
 
 
@@ -93,11 +97,12 @@ class PolicySnapshot(NamedTuple):
     params: Any
     obs_stats: RunningMeanStd
     version: chex.Array  # [] int32
+    reward_stats: RunningMeanStd  # [] the learner's discounted-return moments (rollout.normalize_reward)
 
 
 def snapshot_of(state: TrainState) -> PolicySnapshot:
     """The behaviour policy a sampler would pull from this train state."""
-    return PolicySnapshot(state.params, state.obs_stats, state.version)
+    return PolicySnapshot(state.params, state.obs_stats, state.version, state.reward_stats)
 
 
 def scalar(x: Any, dtype: Any = jnp.float32) -> chex.Array:

@@ -30,6 +30,7 @@ class EnvState(NamedTuple):
     obs: chex.Array  # [N, O...] raw observation
     episode_return: chex.Array  # [N] float32 return so far of the running episode
     episode_length: chex.Array  # [N] int32
+    discounted_return: chex.Array  # [N] float32 running discounted return (the rollout keeps it for reward normalisation)
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ def reset_envs(env: Env, key: chex.PRNGKey, num_envs: int) -> EnvState:
         obs=jnp.asarray(obs, jnp.float32),
         episode_return=jnp.zeros((num_envs,), jnp.float32),
         episode_length=jnp.zeros((num_envs,), jnp.int32),
+        discounted_return=jnp.zeros((num_envs,), jnp.float32),
     )
 
 class EnvStep(NamedTuple):
@@ -228,5 +230,6 @@ def step_envs(
         obs=step.obs,
         episode_return=jnp.where(done, 0.0, episode_return),
         episode_length=jnp.where(done, 0, episode_length),
+        discounted_return=state.discounted_return,  # the rollout advances it (it knows gamma)
     )
     return next_state, step

@@ -39,6 +39,7 @@ class HostVectorEnv:
         self.obs = np.asarray(obs, np.float32)
         self.episode_return = np.zeros((num_envs,), np.float64)
         self.episode_length = np.zeros((num_envs,), np.int64)
+        self.discounted_return = np.zeros((num_envs,), np.float32)  # advanced by the rollout (it knows gamma)
 
     @property
     def num_envs(self) -> int:

@@ -53,7 +53,7 @@ def make_contexts(
     within these bounds, for a sweep group; see `learner.slotted_epochs`)."""
     env = envs.make_env(config.env, config.env_options)
     network = make_actor_critic(env, config.network)
-    rollout_ctx = RolloutContext(env=env, network=network, config=config.rollout)
+    rollout_ctx = RolloutContext(env=env, network=network, config=config.rollout, gamma=config.ppo.gamma)
     learner_ctx = learner.make_learner_context(config, network, lag_buckets=lag_buckets, axis_name=axis_name,
                                                sgd_slots=sgd_slots)
     return env, rollout_ctx, learner_ctx

@@ -26,7 +26,7 @@ RUN_OUTPUTS = (METRICS_FILE, "checkpoints", "tb", "logs", "lag_schedule.jsonl", 
 # Version of what a checkpoint's `state` item holds. 2: the optimiser state is optax's
 # inject_hyperparams(chain(clip_by_global_norm, frozen-critic Adam, scale_by_learning_rate)).
 # Checkpoints without a `format` in their metadata (format 1) hold a bare Adam state.
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3
 
 
 def checkpoint_dir(run_dir: str) -> str:
@@ -194,8 +194,8 @@ def check_format(meta: dict[str, Any], ckpt_dir: str) -> None:
         raise CheckpointError(
             f"the checkpoint in {ckpt_dir} has format {found}, written by "
             f"{'an older' if found < CHECKPOINT_FORMAT else 'a newer'} version of ppo_async; this version reads "
-            f"format {CHECKPOINT_FORMAT} (format 2 keeps the optax optimiser chain state, format 1 a bare Adam "
-            "state). Retrain, or load it with the ppo_async version that wrote it."
+            f"format {CHECKPOINT_FORMAT} (format 3 adds the reward-normalisation statistics, format 2 keeps the optax "
+            "optimiser chain state, format 1 a bare Adam state). Retrain, or load it with the ppo_async version that wrote it."
         )
 
 

@@ -37,6 +37,7 @@ class LearnerContext:
     axis_name: str | None = None  # data-parallel axis (pmap / shard_map) or None
     use_prox_ewma: bool = False  # the train state carries EWMA proximal params (ppo.prox_ewma set)
     sgd_slots: SgdSlots | None = None  # the SGD shape is traced in Hyperparams within these bounds
+    normalize_reward: bool = False  # merge consumed discounted-return moments into TrainState.reward_stats
 
     def optimizer(self) -> optax.GradientTransformationExtraArgs:
         """The optimiser: see `make_optimizer`."""
@@ -64,10 +65,11 @@ def make_learner_context(
         axis_name=axis_name,
         use_prox_ewma=ppo.prox_ewma is not None,
         sgd_slots=sgd_slots,
+        normalize_reward=config.rollout.normalize_reward,
     )
 
 def init_train_state(ctx: LearnerContext, key: chex.PRNGKey, obs_shape: tuple[int, ...]) -> TrainState:
-    """Fresh params, Adam state, identity obs statistics, version 0."""
+    """Fresh params, Adam state, identity obs and reward statistics, version 0."""
     params = ctx.network.init(key)
     return TrainState(
         params=params,
@@ -76,6 +78,7 @@ def init_train_state(ctx: LearnerContext, key: chex.PRNGKey, obs_shape: tuple[in
         version=jnp.zeros((), jnp.int32),
         sgd_steps=jnp.zeros((), jnp.int32),
         env_steps=jnp.zeros((), jnp.int32),
+        reward_stats=normalization.init_reward_stats(),
         prox_params=jax.tree.map(jnp.copy, params) if ctx.use_prox_ewma else None,
     )
 

@@ -73,6 +73,10 @@ _AS_NUMBER = {"decoupled": lambda objective: float(objective == "decoupled")}
 # Traced fields whose None / not-None is static (it switches a code path) while the value is traced.
 STATIC_WHEN_SET = ("ppo.value_clip_eps", "ppo.prox_ewma")
 
+# Traced fields that a program also reads statically while another (boolean) field is on: the
+# rollout discounts the returns that normalise rewards by ppo.gamma, a Python number there.
+STATIC_WHILE_ON = {"ppo.gamma": "rollout.normalize_reward"}
+
 # The SGD shape as traced numbers: `Hyperparams` fields a program reads only when it was built
 # with `LearnerContext.sgd_slots` (`sweep` does so for a group whose configs differ in them, e.g.
 # `tune`'s step 4); every other program takes them from the static context, and they stay in
@@ -92,10 +96,14 @@ def hyperparams_from_config(config: Config) -> Hyperparams:
 
 def without_traced_fields(data: dict[str, Any]) -> dict[str, Any]:
     """A config as a dict (`config_to_dict`) without the traced hyperparameters: what decides
-    the compiled program (for a `STATIC_WHEN_SET` field, only whether it is set is kept)."""
+    the compiled program (for a `STATIC_WHEN_SET` field, only whether it is set is kept; a
+    `STATIC_WHILE_ON` field stays while its switch is on)."""
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     for path in TRACED_CONFIG_FIELDS.values():
         section, _, name = path.partition(".")
+        switch_section, _, switch = STATIC_WHILE_ON.get(path, ".").partition(".")
+        if data.get(switch_section, {}).get(switch):
+            continue
         if section in data and name in data[section]:
             value = data[section].pop(name)
             if path in STATIC_WHEN_SET:

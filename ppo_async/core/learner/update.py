@@ -282,6 +282,9 @@ def ppo_update(
     if ctx.normalize_obs:
         # `trajectory.stats` describes the whole rollout (replicated under data parallelism).
         obs_stats = normalization.merge_moments(obs_stats, trajectory.stats.obs_moments)
+    reward_stats = state.reward_stats
+    if ctx.normalize_reward:
+        reward_stats = normalization.merge_moments(reward_stats, trajectory.stats.return_moments)
     consumed = jnp.sum(batch.weight).astype(jnp.int32)
     if ctx.axis_name is not None:
         consumed = jax.lax.psum(consumed, ctx.axis_name)
@@ -292,6 +295,7 @@ def ppo_update(
         version=state.version + 1,
         sgd_steps=state.sgd_steps + sgd_steps,
         env_steps=state.env_steps + consumed,
+        reward_stats=reward_stats,
         prox_params=prox_params,
     )
     # Nothing consumed (every sample stale): keep the old state bit for bit.
