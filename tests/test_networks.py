@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ppo_async.core import networks
-from ppo_async.config import NetworkConfig
+from ppo_async.config import ConfigError, NetworkConfig
 from ppo_async.core.types import CategoricalDist, GaussianDist
 
 SMALL = NetworkConfig(actor_hidden=(8, 8), critic_hidden=(8, 8))
@@ -203,3 +203,29 @@ def test_network_dist_sample_roundtrip(pendulum):
     # log N(mu; mu, sigma) = -log sigma - log(2 pi)/2 with log sigma = -1
     np.testing.assert_allclose(np.asarray(at_mean), 1.0 - 0.5 * math.log(2 * math.pi), rtol=1e-6)
     assert np.all(np.asarray(networks.log_prob(dist, action)) < np.asarray(at_mean))
+
+
+def test_bounded_mean_hand_values():
+    raw = jnp.array([[0.0, 0.5], [50.0, -50.0]])
+    out = np.asarray(networks.bounded(raw, (-1.0, 0.0), (3.0, 1.0)))
+    # centre (1, 0.5), half range (2, 0.5)
+    np.testing.assert_allclose(out, [[1.0, 0.5 + 0.5 * math.tanh(0.5)], [3.0, 0.0]], rtol=1e-6)
+
+
+def test_bounded_mean_keeps_the_mean_inside_the_bounds_and_log_probs_exact(pendulum, cartpole):
+    net = networks.make_actor_critic(pendulum, NetworkConfig(actor_hidden=(8,), critic_hidden=(8,), bounded_mean=True))
+    params = net.init(jax.random.PRNGKey(0))
+    big = jax.tree.map(lambda x: x * 1e4, params)  # drives an unbounded mean far outside [-2, 2]
+    dist, _ = net.apply(big, obs_batch((64, 3)))
+    mean = np.asarray(dist.mean)
+    assert np.all(np.abs(mean) <= 2.0) and np.abs(mean).max() > 1.9  # Pendulum's torque bounds are +-2
+    unbounded = networks.make_actor_critic(pendulum, NetworkConfig(actor_hidden=(8,), critic_hidden=(8,)))
+    raw, _ = unbounded.apply(big, obs_batch((64, 3)))  # the same params: the raw mean
+    np.testing.assert_allclose(mean, 2.0 * np.tanh(np.asarray(raw.mean)), rtol=1e-5, atol=1e-6)
+    action = jnp.full((64, 1), 2.5)  # outside the bounds: still a Gaussian sample's value
+    std = np.exp(np.asarray(dist.log_std))
+    want = -0.5 * ((2.5 - mean) / std) ** 2 - np.log(std) - 0.5 * math.log(2 * math.pi)
+    np.testing.assert_allclose(np.asarray(networks.log_prob(dist, action)), want[:, 0], rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(networks.mode_action(dist)), mean)
+    with pytest.raises(ConfigError, match=r"network.bounded_mean = True has no effect: CartPole-v1 has discrete actions"):
+        networks.make_actor_critic(cartpole, NetworkConfig(bounded_mean=True))

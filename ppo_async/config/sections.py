@@ -192,6 +192,8 @@ class NetworkConfig:
     """Gaussian log-std as a network output instead of a learned state-independent vector."""
     init_log_std: float = 0.0
     """Initial Gaussian log standard deviation."""
+    bounded_mean: bool = False
+    """Continuous actions: the Gaussian mean is tanh-squashed into the env's action bounds, so the deterministic (mean) action is always a valid one; samples and their log-probs stay exact Gaussian ones."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "network.")

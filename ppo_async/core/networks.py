@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.core import losses
-from ppo_async.config import NetworkConfig
+from ppo_async.config import ConfigError, NetworkConfig
 from ppo_async.envs import Env
 from ppo_async.core.types import CategoricalDist, Dist, GaussianDist
 
@@ -59,6 +59,7 @@ class ActorCriticModule(nn.Module):
     discrete: bool
     action_dim: int  # K for discrete, A for continuous
     obs_ndim: int = 1  # rank of one observation; leading axes are batch
+    action_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # (low [A], high [A]) for bounded_mean
 
     @nn.compact
     def __call__(self, obs: chex.Array) -> tuple[Dist, chex.Array]:
@@ -76,6 +77,8 @@ class ActorCriticModule(nn.Module):
             logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01), name="actor_head")(actor_features)
             return CategoricalDist(logits), value
         mean = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01), name="actor_head")(actor_features)
+        if cfg.bounded_mean:
+            mean = bounded(mean, *self.action_bounds)
         if cfg.state_dependent_std:
             log_std = nn.Dense(
                 self.action_dim,
@@ -89,6 +92,32 @@ class ActorCriticModule(nn.Module):
             )
             log_std = jnp.broadcast_to(log_std, mean.shape)
         return GaussianDist(mean, losses.clamp_log_std(log_std)), value
+
+
+def bounded(raw_mean: chex.Array, low: Sequence[float], high: Sequence[float]) -> chex.Array:
+    """`[..., A]` -> centre + half_range * tanh(raw_mean): a Gaussian mean inside `[low, high]`.
+
+    Only the mean is squashed; the policy is still the Gaussian N(mean, std) over unbounded
+    actions (clipped to the bounds when stepping the env), so log-probs and importance ratios
+    stay exact and a deterministic policy's action is always a valid one. At init (raw mean
+    ~0) the mean is the centre of the bounds.
+    """
+    low, high = jnp.asarray(low, jnp.float32), jnp.asarray(high, jnp.float32)
+    return (high + low) / 2 + (high - low) / 2 * jnp.tanh(raw_mean)
+
+
+def _action_bounds(env: Env, config: NetworkConfig) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The env's finite action bounds as tuples when `config.bounded_mean` (ConfigError when it
+    cannot act: discrete actions or an unbounded dimension); None otherwise."""
+    if not config.bounded_mean:
+        return None
+    if env.discrete:
+        raise ConfigError(f"network.bounded_mean = True has no effect: {env.name} has discrete actions")
+    low, high = np.ravel(env.action_low).astype(float), np.ravel(env.action_high).astype(float)
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(high > low)):
+        raise ConfigError(f"network.bounded_mean = True is invalid for {env.name}: its action bounds "
+                          f"[{low.tolist()}, {high.tolist()}] are not finite")
+    return tuple(low.tolist()), tuple(high.tolist())
 
 
 @dataclass(frozen=True)
@@ -122,6 +151,7 @@ def make_actor_critic(env: Env, config: NetworkConfig) -> ActorCritic:
         discrete=env.discrete,
         action_dim=action_dim,
         obs_ndim=len(env.obs_shape),
+        action_bounds=_action_bounds(env, config),
     )
     return ActorCritic(module=module, obs_shape=env.obs_shape, discrete=env.discrete)
 
