@@ -117,20 +117,22 @@ def test_reward_clip_without_normalisation_is_an_error_and_gamma_becomes_static(
 
 
 LAGGED = {
-    "simulated": dict(mode="simulated", lag=pa.LagConfig(K=2)),
-    "threaded": dict(mode="threaded", threaded=pa.ThreadedConfig(num_samplers=2)),
+    "simulated": dict(env="Pendulum-v1", mode="simulated", lag=pa.LagConfig(K=2)),
+    "threaded": dict(env="Pendulum-v1", mode="threaded", threaded=pa.ThreadedConfig(num_samplers=2)),
+    "threaded-host": dict(env="gymnasium/Pendulum-v1", mode="threaded", threaded=pa.ThreadedConfig(num_samplers=2)),
 }
 
 
-@pytest.mark.parametrize("mode", sorted(LAGGED))
-def test_lagged_runs_keep_the_moments_of_every_consumed_sample_in_their_checkpoint(mode, tmp_path):
+@pytest.mark.parametrize("case", sorted(LAGGED))
+def test_lagged_runs_keep_the_moments_of_every_consumed_sample_in_their_checkpoint(case, tmp_path):
     """The learner merges the return moments of each batch it consumes, so the statistics count
     exactly the env steps it consumed; the checkpoint holds them; the samplers (behind the
-    learner by up to K versions) act and scale with their own snapshots."""
-    config = pa.Config(env="Pendulum-v1", total_env_steps=8 * 16 * 6, num_seeds=1, run_dir=str(tmp_path / mode),
+    learner by up to K versions; jitted or host-side envs) act and scale with their own snapshots."""
+    mode = LAGGED[case]["mode"]
+    config = pa.Config(total_env_steps=8 * 16 * 6, num_seeds=1, run_dir=str(tmp_path / case),
                        rollout=pa.RolloutConfig(num_envs=8, num_steps=16, normalize_reward=True, reward_scale=1.0),
                        ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2),
-                       network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)), **LAGGED[mode])
+                       network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)), **LAGGED[case])
     result = pa.train(config)
     assert result.metrics[-1]["lag_mean"] > 0  # the samples were lagged
     state, _ = restore_checkpoint(config.run_dir, get_mode(mode).checkpoint_like(config), config.keep_checkpoints)

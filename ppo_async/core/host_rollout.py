@@ -126,9 +126,13 @@ class HostRollout:
     def warm_up(self, snapshot: PolicySnapshot) -> Trajectory:
         """Compiles `act` and `assemble` for the snapshot's device without stepping any env;
         returns an all-zero chunk there (the ring buffer's example)."""
-        zeros = self._zeros(snapshot)
-        jax.block_until_ready(self._act(snapshot, zeros[-3], jax.random.PRNGKey(0)))
-        return self._assemble(snapshot, *zeros)
+        rc = self.ctx.config
+        obs = np.zeros((rc.num_envs, *self.ctx.env.obs_shape), np.float32)
+        jax.block_until_ready(self._act(snapshot, obs, jax.random.PRNGKey(0)))
+        if rc.normalize_reward:
+            flags = np.zeros((rc.num_steps, rc.num_envs), bool)
+            jax.block_until_ready(self._returns(np.zeros((rc.num_envs,), np.float32), flags.astype(np.float32), flags))
+        return self._assemble(snapshot, *self._zeros(snapshot))
 
 def host_episodes_program(policy: Any, num_episodes: int, deterministic: bool, max_steps: int | None) -> Any:
     """`policy.episodes_program` for a host-side env: a `(params, obs_stats, seed) -> (returns
