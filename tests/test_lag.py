@@ -350,3 +350,20 @@ def test_refresh_rules():
     assert must_force_refresh(2, 5, max_lag=2)
     assert not must_force_refresh(3, 5, max_lag=2)
     assert not must_force_refresh(0, 10**6, max_lag=None)
+
+
+def test_is_stale_is_lag_above_max_lag_for_ints_and_arrays():
+    import jax.numpy as jnp
+
+    assert lag_module.is_stale(2, 2) is False and lag_module.is_stale(3, 2) is True
+    assert lag_module.is_stale(0, 0) is False and lag_module.is_stale(1, 0) is True
+    assert lag_module.is_stale(10**6, None) is False  # no bound
+    lags = jnp.array([0, 2, 3, 7])
+    np.testing.assert_array_equal(np.asarray(lag_module.is_stale(lags, 2.0)), [False, False, True, True])
+    np.testing.assert_array_equal(np.asarray(lag_module.is_stale(lags, jnp.inf)), [False] * 4)
+    # the rule's users agree with it
+    assert lag_module.must_force_refresh(sampler_version=4, latest_version=7, max_lag=2) is True
+    assert lag_module.must_force_refresh(sampler_version=5, latest_version=7, max_lag=2) is False
+    from ppo_async.core.learner import stale_weight
+
+    np.testing.assert_array_equal(np.asarray(stale_weight(lags, jnp.float32(2.0))), [1.0, 1.0, 0.0, 0.0])

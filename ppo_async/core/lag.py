@@ -265,6 +265,17 @@ def read_schedule(path: str | os.PathLike | None) -> LagSchedule:
 # --------------------------------------------------------------------------------------
 
 
+def is_stale(lag: Any, max_lag: Any) -> Any:
+    """The staleness rule, the one place it is written: a sample (or chunk, or sampler) more
+    than `max_lag` learner versions behind is stale, lag > max_lag.
+
+    Python ints (`max_lag` None = no bound: never stale) or arrays elementwise (`max_lag`
+    a number; inf = no bound). Used by the forced refresh, the buffer's admission check, the
+    learner's stale filter and a process's own accounting of a multi-process update.
+    """
+    return max_lag is not None and lag > max_lag
+
+
 def should_refresh(
     sampler_version: int, latest_version: int, refresh_lag: int, since_refresh_s: float, min_refresh_interval_s: float
 ) -> bool:
@@ -274,4 +285,4 @@ def should_refresh(
 
 def must_force_refresh(sampler_version: int, latest_version: int, max_lag: int | None) -> bool:
     """Forced refresh: the sampler is more than `max_lag` versions behind (its rollout is discarded)."""
-    return max_lag is not None and latest_version - sampler_version > max_lag
+    return is_stale(latest_version - sampler_version, max_lag)

@@ -13,6 +13,7 @@ import optax
 
 from ppo_async.config import Config
 from ppo_async.core import normalization
+from ppo_async.core.lag import is_stale
 from ppo_async.core.networks import ActorCritic
 from ppo_async.core.types import TrainState, Trajectory
 from ppo_async.core.learner.hyperparams import Hyperparams, SgdSlots
@@ -107,5 +108,6 @@ def sample_lag(trajectory: Trajectory, version: chex.Array) -> chex.Array:
     return (version - trajectory.transitions.policy_version).astype(jnp.int32)
 
 def stale_weight(lag: chex.Array, max_lag: chex.Array) -> chex.Array:
-    """1.0 for samples with lag <= max_lag, 0.0 for those dropped as stale (`max_lag = inf` keeps all)."""
-    return (lag.astype(jnp.float32) <= max_lag).astype(jnp.float32)
+    """1.0 for samples with lag <= max_lag, 0.0 for those dropped as stale (`lag.is_stale`;
+    `max_lag = inf` keeps all)."""
+    return jnp.where(is_stale(lag.astype(jnp.float32), max_lag), 0.0, 1.0).astype(jnp.float32)
