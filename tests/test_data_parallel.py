@@ -127,7 +127,7 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
     _, traj = rollout(rctx, snapshot_of(state), envs.reset_envs(rctx.env, jax.random.PRNGKey(1), 8), jax.random.PRNGKey(2))
     key = jax.random.PRNGKey(3)
     ref, ref_m = jax.jit(lambda s, t, k, h: learner.ppo_update(ctx, s, t, k, h))(state, traj, key, hp)
-    update, place_state, place_traj = placement.data_parallel_update(dp_ctx, jax.devices())
+    update, place_state, place_traj = placement.learner_placement(dp_ctx, jax.devices())
     dp, dp_m = update(place_state(state), place_traj(traj), place_state(key), place_state(hp))
     out["param_max_abs_diff"] = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                                     for a, b in zip(jax.tree.leaves(ref.params), jax.tree.leaves(dp.params)))

@@ -25,6 +25,7 @@ import pytest
 
 import ppo_async as pa
 from ppo_async.runtime import distributed, launch
+from ppo_async.runtime.buffer import ChunkTag
 from ppo_async.cli.train import distributed_layout
 from ppo_async.config import ConfigError, DistributedConfig
 from ppo_async.core.rollout import merge_rollout_stats
@@ -176,7 +177,7 @@ def test_global_row_sums_the_processes_and_lists_every_sampler():
 
 
 def test_local_take_drops_whole_chunks_beyond_max_lag():
-    tags = [(0, 0.0, 5), (1, 0.0, 2)]  # (sampler, made_at, policy_version)
+    tags = [ChunkTag(0, 0.0, 5), ChunkTag(1, 0.0, 2)]
     assert distributed.local_take(tags, 6, max_lag=2, chunk_size=64) == (64, 64, 2.5)
     assert distributed.local_take(tags, 6, max_lag=None, chunk_size=64) == (128, 0, 2.5)
 
@@ -312,7 +313,7 @@ UPDATE_SCRIPT = textwrap.dedent(
         whole = concat_trajectories(halves)
         ref, ref_m = jax.jit(lambda s, t, k, h: learner.ppo_update(ctx, s, t, k, h))(state, whole, key, hp)
     # 2 processes x 1 device: each gives its half
-    update, place_state, place_traj = distributed.multi_process_update(dp_ctx, jax.devices())
+    update, place_state, place_traj = placement.learner_placement(dp_ctx, jax.devices(), multi_process=True)
     out, m = update(place_state(state), place_traj(halves[process_id]), place_state(key), place_state(hp))
     out = distributed.local_value(out)
     diff = lambda a, b: max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
@@ -334,7 +335,7 @@ def _result(proc: subprocess.Popen | subprocess.CompletedProcess, out: str) -> d
 def test_update_over_two_processes_equals_one_device():
     """Each of two processes (one device each) runs the multi-process update and compares it with
     the single-device update of the whole batch computed in itself. (One process over several
-    devices, `placement.data_parallel_update`, is checked against one device in test_data_parallel.)"""
+    devices, `placement.learner_placement`, is checked against one device in test_data_parallel.)"""
     port = launch.free_port()
     procs = [subprocess.Popen([sys.executable, "-c", UPDATE_SCRIPT, str(p), "2", str(port)], cwd=REPO_ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for p in range(2)]

@@ -27,6 +27,15 @@ from jax import lax
 FULL_POLICIES = ("overwrite_oldest", "block")
 
 
+class ChunkTag(NamedTuple):
+    """What a threaded sampler tags each chunk with (`RingBuffer.put(tag=...)`): who made it,
+    when (seconds since the run's start, at delivery) and with which params version."""
+
+    sampler_id: int
+    made_at: float
+    policy_version: int
+
+
 class BufferState(NamedTuple):
     """Ring of `C` chunk slots plus int32 scalar counters."""
 

@@ -3,7 +3,7 @@
 The design of Podracer's Sebulba and Cleanba: every process runs the same program - its own
 sampler threads on its local devices, its own ring buffer, and its share of one data-parallel
 learner update over the learner devices of *all* processes (gradients all-reduced once per SGD
-step by `placement.data_parallel_update`, so params stay identical everywhere and each process's
+step by the update `placement.learner_placement` builds, so params stay identical everywhere and each process's
 samplers read the latest params locally). No home-made RPC: the per-iteration bookkeeping that
 process 0 writes (every process's counters, sampler columns and version records) travels
 through the coordination service's key-value store, which `jax.distributed` already runs.
@@ -12,7 +12,7 @@ Pieces (pure where they can be):
 - `initialize(config.distributed)`: joins the processes (once, before any JAX computation);
   with `distributed.cluster` the layout comes from the cluster (`resolve_cluster`).
 - `global_learner_devices`: the learner mesh, the same local positions on every process.
-- `replicate` / `global_trajectory`: host values and local trajectories as global arrays.
+- `local_value`: this process's copy of a replicated global value.
 - `Exchange`: per-iteration summaries to process 0, the run-directory handshake, failures.
 - `global_row`: process 0's metrics row from every process's summary (pure).
 """
@@ -30,14 +30,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
-from jax.flatten_util import ravel_pytree
-from jax.sharding import NamedSharding, PartitionSpec
 
 from ppo_async.config import Config, ConfigError, DistributedConfig, DistributedFailure
-from ppo_async.runtime.placement import data_parallel_update, learner_mesh, trajectory_partition
-from ppo_async.core.rollout import merge_rollout_stats
-from ppo_async.core.types import RolloutStats, Trajectory
+from ppo_async.core.lag import is_stale
+from ppo_async.runtime.buffer import ChunkTag
 
 KEY_PREFIX = "ppo_async/"
 POLL_S = 0.05
@@ -238,65 +234,20 @@ def global_learner_devices(local_learner: Sequence[Any], all_devices: Sequence[A
     return tuple(out)
 
 
-def replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
-    """A pytree of values equal on every process as global arrays replicated over `mesh`."""
-    sharding = NamedSharding(mesh, PartitionSpec())
-
-    def one(x: Any) -> jax.Array:
-        value = np.asarray(x)
-        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
-
-    return jax.tree.map(one, tree)
-
-
 def local_value(tree: Any) -> Any:
     """This process's copy of a replicated global pytree (one local device's shard per leaf):
     what its samplers read and its checkpoints hold."""
     return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) and not x.is_fully_addressable else x, tree)
 
 
-def global_trajectory(local: Trajectory, mesh: jax.sharding.Mesh, specs: Trajectory, stats: RolloutStats) -> Trajectory:
-    """This process's share of a learner batch as the global batch: transitions `[T, N_local]`
-    and `last_obs [N_local]` become the process's block of `[T, P * N_local]` / `[P * N_local]`
-    (split over the mesh as `specs` say); `stats` (already merged over processes) replicated."""
-    def place(x: Any, spec: PartitionSpec) -> jax.Array:
-        return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), x)
-
-    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
-    transitions = jax.tree.map(lambda spec, x: place(x, spec), specs.transitions, local.transitions, is_leaf=is_spec)
-    return Trajectory(transitions=transitions, last_obs=place(local.last_obs, specs.last_obs), stats=replicate(stats, mesh))
-
-
-def gathered_stats(local: RolloutStats) -> RolloutStats:
-    """The rollout statistics of the global batch: every process's (one all-gather of the
-    flattened statistics), merged by `rollout.merge_rollout_stats`; equal on every process."""
-    flat, unravel = ravel_pytree(jax.device_get(local))
-    stacked = multihost_utils.process_allgather(np.asarray(flat))
-    return merge_rollout_stats([unravel(row) for row in stacked])
-
-
-def multi_process_update(ctx: Any, learner_devices: Sequence[Any]) -> tuple[Callable, Callable, Callable]:
-    """`placement.data_parallel_update` over the learner devices of every process:
-    `(update, place_state, place_trajectory)`. `place_state` turns a host value equal on every
-    process into a replicated global array; `place_trajectory` turns this process's learner
-    batch into its block of the global batch (statistics gathered and merged)."""
-    update, _, _ = data_parallel_update(ctx, learner_devices)
-    mesh = learner_mesh(learner_devices)
-
-    def place_trajectory(local: Trajectory) -> Trajectory:
-        return global_trajectory(local, mesh, trajectory_partition(local), gathered_stats(local.stats))
-
-    return update, lambda tree: replicate(tree, mesh), place_trajectory
-
-
-def local_take(tags: Sequence[tuple[int, float, int]], learner_version: int, max_lag: int | None,
+def local_take(tags: Sequence[ChunkTag], learner_version: int, max_lag: int | None,
                chunk_size: int) -> tuple[int, int, float]:
     """`(consumed, dropped_stale, mean lag)` of the chunks this process gave one update (pure):
     the update's own counts are global, each process accounts for its own samples. A chunk's
-    samples share its `policy_version`, so a chunk is dropped whole when its lag exceeds
-    `max_lag` (`learner.stale_weight`)."""
-    lags = [learner_version - int(version) for _, _, version in tags]
-    stale = sum(chunk_size for lag in lags if max_lag is not None and lag > max_lag)
+    samples share its `policy_version`, so a chunk is dropped whole when it is stale
+    (`lag.is_stale`, as the learner's `stale_weight`)."""
+    lags = [learner_version - int(tag.policy_version) for tag in tags]
+    stale = sum(chunk_size for lag in lags if is_stale(lag, max_lag))
     return len(tags) * chunk_size - stale, stale, float(np.mean(lags))
 
 

@@ -50,11 +50,11 @@ import numpy as np
 from ppo_async.runtime import distributed
 from ppo_async import envs
 from ppo_async.core import host_rollout, kl_control, learner
-from ppo_async.runtime.buffer import RingBuffer
+from ppo_async.runtime.buffer import ChunkTag, RingBuffer
 from ppo_async.config import Config, ConfigError, DistributedFailure, config_to_dict
 from ppo_async.core.lag import must_force_refresh, schedule_record, should_refresh
 from ppo_async.core.learner import hyperparams_from_config
-from ppo_async.runtime.placement import LEARNER_AXIS, data_parallel_update
+from ppo_async.runtime.placement import LEARNER_AXIS, Placement, learner_placement, resolve_placement  # noqa: F401 - re-exported
 from ppo_async.report.metrics import NonFiniteError, to_python
 from ppo_async.modes.common import clear_jitted_cache, make_contexts, rollout_metrics, sampler_env_key
 from ppo_async.runtime.param_store import ParamStore
@@ -131,95 +131,15 @@ class SamplerStats:
         return self.paused_s + (now - since if since is not None else 0.0)
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where each part runs: one device per sampler, the learner's devices, the buffer's device."""
-
-    sampler_devices: tuple[Any, ...]
-    learner_devices: tuple[Any, ...]  # this process's
-    mesh_devices: tuple[Any, ...] = ()  # several processes: every process's learner devices (the update's mesh)
-
-    @property
-    def buffer_device(self) -> Any:
-        return self.learner_devices[0]
-
-    @property
-    def update_devices(self) -> tuple[Any, ...]:
-        """The devices of the learner update: this process's, or every process's."""
-        return self.mesh_devices or self.learner_devices
-
-
-def _learner_device_count_ok(config: Config, count: int) -> bool:
-    """This process's learner batch splits evenly: envs over its devices, each shard into whole minibatches."""
-    envs_per_batch = config.rollout.num_envs * config.threaded.effective_chunks_per_batch
-    return envs_per_batch % count == 0 and (config.local_batch_size // count) % config.ppo.num_minibatches == 0
-
-
-def resolve_placement(config: Config, devices: Sequence[Any] | None = None) -> Placement:
-    """Sampler and learner devices of a threaded run (pure given `devices`, default `jax.devices()`).
-
-    Explicit `threaded.sampler_devices` / `learner_devices` are indices into `devices`. Auto
-    (empty): one device runs everything; with several, the learner gets the last half (the
-    largest count <= D // 2 that splits the batch evenly) and the samplers the first half,
-    round-robin. Raises ConfigError naming the field for an index out of range or a learner
-    device count that does not split the batch. With several processes the indices are into
-    this process's devices, and `mesh_devices` lists every process's learner devices.
-    """
-    multi = devices is None and distributed.is_multi_process(config)
-    devices = list(jax.local_devices() if devices is None else devices)
-    tcfg = config.threaded
-    for name in ("sampler_devices", "learner_devices"):
-        bad = [i for i in getattr(tcfg, name) if i >= len(devices)]
-        if bad:
-            raise ConfigError(
-                f"threaded.{name} = {getattr(tcfg, name)} is invalid: device index {bad[0]} is out of range "
-                f"(this machine has {len(devices)} JAX device(s): {devices})"
-            )
-    if tcfg.learner_devices:
-        learner_devices = [devices[i] for i in tcfg.learner_devices]
-        if not _learner_device_count_ok(config, len(learner_devices)):
-            raise ConfigError(
-                f"threaded.learner_devices = {tcfg.learner_devices} is invalid: {len(learner_devices)} devices must "
-                f"divide the batch's envs (rollout.num_envs * chunks = "
-                f"{config.rollout.num_envs * tcfg.effective_chunks_per_batch}) and leave whole minibatches "
-                f"(batch {config.local_batch_size} / devices divisible by ppo.num_minibatches = {config.ppo.num_minibatches})"
-            )
-    elif len(devices) == 1:
-        learner_devices = devices[:1]
-    else:
-        count = max(c for c in range(1, len(devices) // 2 + 1) if _learner_device_count_ok(config, c))
-        learner_devices = devices[len(devices) - count :]
-    if tcfg.sampler_devices:
-        pool = [devices[i] for i in tcfg.sampler_devices]
-    elif len(devices) == 1:
-        pool = devices[:1]
-    else:
-        pool = devices[: len(devices) - len(devices) // 2]
-    samplers = tuple(pool[s % len(pool)] for s in range(tcfg.num_samplers))
-    mesh = distributed.global_learner_devices(learner_devices) if multi else ()
-    return Placement(sampler_devices=samplers, learner_devices=tuple(learner_devices), mesh_devices=mesh)
-
-
 def make_learner_update(config: Config, placement: Placement, lag_buckets: int) -> tuple[Callable, Callable, Callable]:
-    """`(update, place_state, place_trajectory)` on the learner devices.
-
-    One device: plain `jit(ppo_update)` (data parallelism over a single device only costs;
-    see MEASURED). Several: `placement.data_parallel_update` (shard_map, gradients averaged).
-    The update's metrics also hold the consumed rollout's episode metrics (`rollout_metrics`),
-    so the learner thread fetches everything in one transfer and runs no eager device ops.
-    """
+    """`(update, place_state, place_trajectory)` on the learner devices (`placement.learner_placement`:
+    one device, several, or every process's). The update's metrics also hold the consumed
+    rollout's episode metrics (`rollout_metrics`), so the learner thread fetches everything in one
+    transfer and runs no eager device ops."""
     devices = placement.update_devices
-    if placement.mesh_devices:  # several processes: one update over every process's learner devices
-        _, _, ctx = make_contexts(config, lag_buckets=lag_buckets, axis_name=LEARNER_AXIS)
-        base, place_state, place_trajectory = distributed.multi_process_update(ctx, devices)
-    elif len(devices) == 1:
-        _, _, ctx = make_contexts(config, lag_buckets=lag_buckets)
-        base = lambda st, tr, k, hp: learner.ppo_update(ctx, st, tr, k, hp)  # noqa: E731
-        place_state = lambda tree: jax.device_put(tree, devices[0])  # noqa: E731
-        place_trajectory = lambda tree: tree  # noqa: E731 - chunks already live on the buffer device = devices[0]
-    else:
-        _, _, ctx = make_contexts(config, lag_buckets=lag_buckets, axis_name=LEARNER_AXIS)
-        base, place_state, place_trajectory = data_parallel_update(ctx, devices)
+    sharded = len(devices) > 1 or bool(placement.mesh_devices)
+    _, _, ctx = make_contexts(config, lag_buckets=lag_buckets, axis_name=LEARNER_AXIS if sharded else None)
+    base, place_state, place_trajectory = learner_placement(ctx, devices, multi_process=bool(placement.mesh_devices))
 
     def update(state, trajectory, key, hparams):
         state, metrics = base(state, trajectory, key, hparams)
@@ -427,7 +347,7 @@ def sampler_loop(
             refused = []
             admit = None if fresh is None else (lambda resident, waiting: fresh(resident, waiting) or refused.append(1))
             while not stop.is_set():
-                if buffer.put(chunk, timeout=POLL_S, tag=(sampler_id, made - shared.start, version), admit=admit,
+                if buffer.put(chunk, timeout=POLL_S, tag=ChunkTag(sampler_id, made - shared.start, version), admit=admit,
                               timings=stats.put_timings):
                     stats.produced += chunk_size
                     made_with = version
