@@ -66,7 +66,7 @@ from ppo_async.study.benchmarking import (
     verdict,
     write_report,
 )
-from ppo_async.runtime.buffer import RingBuffer
+from ppo_async.runtime.buffer import ChunkTag, RingBuffer
 from ppo_async.study.manifest import Manifest, default_out
 from ppo_async.modes.threaded import (
     POLL_S,
@@ -155,7 +155,7 @@ def finish(shared: RunShared, thread: threading.Thread) -> None:
     shared.stop.set()
     thread.join(timeout=30.0)
     if shared.errors:
-        name, exc, tb = shared.errors[0]
+        name, exc, tb = shared.errors[0]  # a ThreadError (thread, exc, traceback)
         raise RuntimeError(f"{name} failed: {exc!r}\n{tb}") from exc
     if thread.is_alive():
         raise RuntimeError(f"{thread.name} did not stop")
@@ -217,7 +217,7 @@ def threaded_learner(setup: ThreadedSetup, iterations: int) -> float:
     buffer = RingBuffer(setup.example, num_chunks, "block", device=setup.placement.buffer_device)
     buffer.warm_up(setup.example)  # as train_threaded does, before its clock starts
     for _ in range(num_chunks):
-        buffer.put(setup.example, timeout=None, tag=(0, 0.0, 0))  # (sampler_id, made_at, policy_version), as sampler_loop tags
+        buffer.put(setup.example, timeout=None, tag=ChunkTag(0, 0.0, 0))  # as a sampler tags its chunks
     shared = bench_shared(setup, buffer, num_samplers=0, total_iterations=iterations)
     outputs: queue.Queue = queue.Queue()
     state, key = setup.train_state, setup.learner_key

@@ -319,8 +319,8 @@ def test_a_sampler_stuck_in_the_env_is_named_in_a_timeout_error(monkeypatch, tmp
         setup.rollout_fn = rollout_that_hangs
         return setup
 
-    monkeypatch.setattr(threaded, "make_threaded_setup", setup_with_a_hanging_env)
-    monkeypatch.setattr(threaded, "JOIN_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(threaded.run, "make_threaded_setup", setup_with_a_hanging_env)
+    monkeypatch.setattr(threaded.run, "JOIN_TIMEOUT_S", 1.0)
     config = pa.Config(**{**TINY, "total_env_steps": 30 * 64}, mode="threaded", run_dir=str(tmp_path / "r"),
                        threaded=Th(num_samplers=2, timeout_s=2.0, sampler_step_latency_ms=(0.0, 0.0)))
     try:

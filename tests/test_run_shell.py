@@ -21,6 +21,7 @@ from ppo_async.run import rundir
 from ppo_async.run.checkpoint import Checkpointer, CheckpointError
 from ppo_async.modes.common import metric_rows, over_seeds
 from ppo_async.modes.threaded import IterationTimes, SamplerStats, learner_row, threaded_accounting
+from ppo_async.runtime.buffer import ChunkTag
 from ppo_async.run.recorder import RunRecorder
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_async")
@@ -309,14 +310,14 @@ def test_learner_row_by_hand():
     stats = [SamplerStats(produced=640, rollout_s=1.0), SamplerStats(produced=320, forced_refreshes=2)]
     acc = threaded_accounting({"added": 4, "overwritten": 0, "size": 1}, 64, 0, 192, 0)
     r = learner_row(config, {"approx_kl": np.float32(0.25), "kl_per_lag": np.array([0.1, np.nan])}, iteration=3,
-                    tags=[(1, 0.5, 2)], learner_version=3, sgd_steps=6, accounting=acc, buffer_fill=0.25,
+                    tags=[ChunkTag(1, 0.5, 2)], learner_version=3, sgd_steps=6, accounting=acc, buffer_fill=0.25,
                     times=IterationTimes(start=10.0, tick=11.0, got=11.5, done=12.0), sampler_stats=stats)
     assert r["approx_kl"] == 0.25 and r["kl_per_lag"] == [pytest.approx(0.1), None]
     assert (r["seed"], r["iteration"], r["sampler_id"], r["behavior_version"], r["env_steps"]) == (7, 3, 1, 2, 192)
     assert r["wall_time"] == 2.0 and r["steps_per_second"] == 64.0 and r["learner_busy_fraction"] == 0.5
     assert r["learner_wait_s"] == 0.5 and r["sampler_steps_per_second"] == [320.0, 160.0]
     assert r["sampler_forced_refreshes"] == [0, 2] and r["samples_resident"] == 64
-    two = learner_row(config, {}, iteration=1, tags=[(0, 0.1, 0), (1, 0.2, 1)], learner_version=1, sgd_steps=2,
+    two = learner_row(config, {}, iteration=1, tags=[ChunkTag(0, 0.1, 0), ChunkTag(1, 0.2, 1)], learner_version=1, sgd_steps=2,
                       accounting=acc, buffer_fill=0.0, times=IterationTimes(0.0, 0.0, 0.0, 1.0), sampler_stats=stats)
     assert two["sampler_id"] == [0, 1] and two["behavior_version"] == [0, 1]
 

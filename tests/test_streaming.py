@@ -64,13 +64,13 @@ def test_a_slow_logger_holds_the_queue_at_its_bound_and_loses_nothing(tmp_path):
 
 def test_queued_iterations_carry_a_train_state_only_when_the_logger_needs_it(monkeypatch):
     held = []
-    real = threaded_module._put_for_logger
+    real = threaded_module.learner.put_for_logger
 
     def spy(shared, out, item):
         held.append((item.row["iteration"], item.train_state is not None))
         return real(shared, out, item)
 
-    monkeypatch.setattr(threaded_module, "_put_for_logger", spy)
+    monkeypatch.setattr(threaded_module.learner, "put_for_logger", spy)
     config = pa.Config(mode="threaded", total_env_steps=12 * 64, eval_every=5, eval_episodes=1,
                        threaded=pa.ThreadedConfig(num_samplers=2), **SMALL)
     pa.train(config)

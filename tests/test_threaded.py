@@ -118,7 +118,7 @@ def _exploding_after(n: int, message: str, raised_at: list, real=None):
 
 def test_a_sampler_that_raises_stops_the_run_with_its_traceback_within_5s(monkeypatch):
     raised_at: list = []
-    monkeypatch.setattr(threaded_module, "must_force_refresh", _exploding_after(5, "boom in sampler", raised_at))
+    monkeypatch.setattr(threaded_module.sampler, "must_force_refresh", _exploding_after(5, "boom in sampler", raised_at))
     with pytest.raises(threaded_module.ThreadFailure, match=r"(?s)sampler-\d.*boom in sampler.*Traceback"):
         pa.train(small(total_env_steps=128 * 10_000))
     assert time.perf_counter() - raised_at[0] < 5.0
@@ -127,9 +127,9 @@ def test_a_sampler_that_raises_stops_the_run_with_its_traceback_within_5s(monkey
 
 def test_a_learner_that_raises_stops_the_run_with_its_traceback_within_5s(monkeypatch):
     raised_at: list = []
-    monkeypatch.setattr(threaded_module, "schedule_record",
-                        _exploding_after(3, "boom in learner", raised_at, real=threaded_module.schedule_record))
-    with pytest.raises(threaded_module.ThreadFailure, match=r"(?s)thread learner.*boom in learner.*Traceback.*learner_loop"):
+    monkeypatch.setattr(threaded_module.learner, "schedule_record",
+                        _exploding_after(3, "boom in learner", raised_at, real=threaded_module.learner.schedule_record))
+    with pytest.raises(threaded_module.ThreadFailure, match=r"(?s)thread learner.*boom in learner.*Traceback.*in iteration"):
         pa.train(small(total_env_steps=128 * 10_000))
     assert time.perf_counter() - raised_at[0] < 5.0
     assert sampler_threads() == [] and learner_threads() == []

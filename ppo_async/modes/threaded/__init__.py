@@ -1,9 +1,77 @@
-"""Threaded mode (interim step of issue 25 item 2): `threaded.py` moved to `threaded/run.py`
-unchanged, so its history follows; this package stands for that module until the next commit
-splits it by concern."""
+"""Threaded mode: sampler threads -> device ring buffer -> learner thread; lag emerges from timing.
 
-import sys
+Each sampler thread (`sampler.Sampler`) owns a jitted, vmapped rollout (N envs x T steps) on its
+device (`threaded.sampler_devices`), its params snapshot and version, its RNG and env states. It
+refreshes from the `ParamStore` when at least `refresh_lag` versions behind (no more often than
+`min_refresh_interval_s`); when a finished rollout is more than `lag.max_lag` versions old it
+is discarded (counted) and the sampler pulls the latest params (forced refresh). Rollouts go
+into a `RingBuffer` on the first learner device, tagged `ChunkTag(sampler_id, made_at,
+policy_version)`. The learner thread (`learner.Learner`) takes `chunks_per_batch` chunks per
+iteration, runs the pure PPO update on its placement (`runtime.placement.learner_placement`:
+one device, data-parallel over `threaded.learner_devices`, or every process's; stale samples
+beyond `lag.max_lag` are dropped and counted) and publishes the new version. With a
+`lag.max_lag` and full_policy "block", a sampler starts a rollout only while fewer than
+`(max_lag + 1) * chunks_per_batch` chunks are resident (a chunk made behind more would be stale
+when consumed): the freshness bound is also the buffer's effective depth.
 
-from ppo_async.modes.threaded import run as _run
+`threaded.kl_target` turns on the online KL controller (`ppo_async.core.kl_control`): after
+each learner iteration it may pause or resume samplers and move `refresh_lag` and `max_lag`.
+With `threaded.barrier` the same threads run classic synchronous distributed PPO: every
+sampler makes exactly one rollout per policy version with the latest params, and each learner
+batch holds one rollout from every sampler (lag 0, the slowest sampler sets the pace).
 
-sys.modules[__name__] = _run  # `ppo_async.modes.threaded` is the moved module itself (tests patch its names)
+The calling thread (`run`) only logs and watches: an exception in any thread stops every thread
+and is re-raised from `train()`; Ctrl-C stops every thread, writes what was done and re-raises
+KeyboardInterrupt. Every thread is named and joined; every blocking call has a timeout.
+
+Modules: `shared` (what the threads share), `sampler`, `learner`, `programs` (compiled
+programs, set-up, checkpoint layout), `memory` (device sizes), `run` (the calling thread and
+the mode's registration). May import: every layer below `modes` and `modes.common` /
+`modes.registry`.
+"""
+
+from ppo_async.modes.threaded.learner import (
+    IterationTimes,
+    Learner,
+    controller_limits,
+    learner_loop,
+    learner_row,
+    take_batch,
+    threaded_accounting,
+)
+from ppo_async.modes.threaded.memory import check_buffer_fits, device_memory_report, tree_bytes
+from ppo_async.modes.threaded.programs import (
+    ThreadedCheckpoint,
+    ThreadedPrograms,
+    ThreadedSetup,
+    clear_program_cache,
+    lag_buckets_of,
+    make_learner_update,
+    make_threaded_setup,
+    program_key,
+    threaded_checkpoint,
+    threaded_checkpoint_like,
+    threaded_programs,
+)
+from ppo_async.modes.threaded.run import (
+    JOIN_TIMEOUT_S,
+    LOG_QUEUE_SIZE,
+    MODE,
+    VERSION_SCHEDULE_FILE,
+    run_threaded,
+    start_threads,
+    stop_threads,
+)
+from ppo_async.modes.threaded.sampler import FreshnessGate, Sampler, sampler_loop
+from ppo_async.modes.threaded.shared import POLL_S, LearnerOutput, RunShared, SamplerStats, ThreadError, ThreadFailure
+from ppo_async.runtime.placement import Placement, resolve_placement
+
+__all__ = [
+    "FreshnessGate", "IterationTimes", "JOIN_TIMEOUT_S", "LOG_QUEUE_SIZE", "Learner", "LearnerOutput", "MODE", "POLL_S",
+    "Placement", "RunShared", "Sampler", "SamplerStats", "ThreadError", "ThreadFailure", "ThreadedCheckpoint",
+    "ThreadedPrograms", "ThreadedSetup", "VERSION_SCHEDULE_FILE", "check_buffer_fits", "clear_program_cache",
+    "controller_limits", "device_memory_report", "lag_buckets_of", "learner_loop", "learner_row", "make_learner_update",
+    "make_threaded_setup", "program_key", "resolve_placement", "run_threaded", "sampler_loop", "start_threads",
+    "stop_threads", "take_batch", "threaded_accounting", "threaded_checkpoint", "threaded_checkpoint_like",
+    "threaded_programs", "tree_bytes",
+]

@@ -1,0 +1,264 @@
+"""The learner thread: take a batch of chunks, update, publish the new params, account for every
+sample, hand the metrics row to the logging thread; and the online KL controller's step."""
+
+from __future__ import annotations
+
+import math
+import queue
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from ppo_async.config import Config
+from ppo_async.core import kl_control
+from ppo_async.core.lag import schedule_record
+from ppo_async.core.types import TrainState, snapshot_of
+from ppo_async.modes.threaded.shared import POLL_S, LearnerOutput, RunShared, SamplerStats
+from ppo_async.report.metrics import to_python
+from ppo_async.runtime import distributed
+from ppo_async.runtime.buffer import ChunkTag
+
+
+def controller_limits(config: Config) -> kl_control.ControllerLimits | None:
+    """The KL controller's target, window and bounds (`threaded.kl_target`); None when it is off."""
+    tcfg = config.threaded
+    if tcfg.kl_target is None:
+        return None
+    return kl_control.ControllerLimits(tcfg.kl_target, tcfg.effective_kl_window, tcfg.num_samplers, tcfg.refresh_lag,
+                                       config.lag.max_lag)
+
+
+def control_lag(shared: RunShared, limits: kl_control.ControllerLimits, state: kl_control.ControllerState,
+                metrics: Mapping[str, Any], consumed: int, elapsed_s: float) -> kl_control.ControllerState:
+    """One KL-controller step after a learner iteration: feeds it the iteration's approx_kl
+    (none when every sample was stale: no KL was measured) and lag_max and each sampler's rate
+    while it ran, and puts its knobs in force for the samplers."""
+    now = shared.start + elapsed_s
+    rates = [s.produced / max(elapsed_s - s.paused_seconds(now), 1e-9) for s in shared.stats]
+    kl = float(metrics["approx_kl"]) if consumed > 0 else math.nan
+    state = kl_control.step(limits, state, kl, int(metrics["lag_max"]), rates)
+    shared.knobs = state.knobs
+    return state
+
+
+def with_max_lag(hparams: Any, max_lag: int | None) -> Any:
+    """`hparams` with the learner's stale filter at `max_lag` (None: off), placed as before."""
+    value = np.float32(np.inf if max_lag is None else max_lag)
+    return hparams._replace(max_lag=jax.device_put(value, hparams.max_lag.sharding))
+
+
+def threaded_accounting(
+    buffer_counters: Mapping[str, int], chunk_size: int, discarded: int, consumed: int, dropped_stale: int
+) -> dict[str, int]:
+    """The sample accounting of a threaded run at one instant (pure).
+
+    Args:
+      buffer_counters: `RingBuffer.counters()`: chunks `added`, `overwritten`, resident `size`.
+      chunk_size: transitions per chunk.
+      discarded: transitions discarded by forced refreshes (all samplers).
+      consumed: transitions the learner consumed so far.
+      dropped_stale: transitions the learner dropped as staler than `lag.max_lag` so far.
+
+    Returns:
+      `samples_produced = samples_consumed + samples_dropped + samples_resident` (by
+      construction when nothing is lost) and the three kinds of drop.
+    """
+    overwritten = buffer_counters["overwritten"] * chunk_size
+    return {
+        "samples_produced": buffer_counters["added"] * chunk_size + discarded,
+        "samples_consumed": consumed,
+        "samples_dropped": discarded + overwritten + dropped_stale,
+        "samples_resident": buffer_counters["size"] * chunk_size,
+        "dropped_forced_refresh": discarded,
+        "dropped_overwritten": overwritten,
+        "dropped_stale_total": dropped_stale,
+    }
+
+
+@dataclass(frozen=True)
+class IterationTimes:
+    """perf_counter instants of one learner iteration: run start, iteration start, batch taken, update done."""
+
+    start: float
+    tick: float
+    got: float
+    done: float
+
+
+def _sampler_columns(sampler_stats: Sequence[SamplerStats], elapsed: float, now: float) -> dict[str, list]:
+    """The per-sampler list columns of a row: rates and where each sampler's time went."""
+    return dict(
+        sampler_steps_per_second=[s.produced / max(elapsed, 1e-9) for s in sampler_stats],
+        sampler_rollout_s=[s.rollout_s for s in sampler_stats],
+        sampler_wait_params_s=[s.wait_params_s for s in sampler_stats],
+        sampler_wait_buffer_s=[s.wait_buffer_s for s in sampler_stats],  # = lock + space + write
+        sampler_wait_space_s=[s.put_timings["space_s"] for s in sampler_stats],
+        sampler_write_s=[s.put_timings["write_s"] for s in sampler_stats],
+        sampler_latency_s=[s.latency_s for s in sampler_stats],
+        sampler_forced_refreshes=[s.forced_refreshes for s in sampler_stats],
+        sampler_paused_s=[s.paused_seconds(now) for s in sampler_stats],
+    )
+
+
+def learner_row(
+    config: Config,
+    metrics: Mapping[str, Any],
+    *,
+    iteration: int,
+    tags: Sequence[ChunkTag],
+    learner_version: int,
+    sgd_steps: int,
+    accounting: Mapping[str, int],
+    buffer_fill: float,
+    times: IterationTimes,
+    sampler_stats: Sequence[SamplerStats],
+) -> dict[str, Any]:
+    """One threaded metrics row (pure): the update's metrics plus versions, timing, accounting, samplers.
+
+    `tags` are the consumed chunks' tags; with one chunk `sampler_id` / `behavior_version` are
+    scalars, else lists. `env_steps` counts the samples the learner took (consumed + dropped
+    as stale).
+    """
+    elapsed = times.done - times.start
+    iteration_s = max(times.done - times.tick, 1e-9)
+    one = len(tags) == 1
+    row = {name: to_python(value) for name, value in metrics.items()}
+    row.update(
+        seed=config.seed,
+        iteration=iteration,
+        learner_version=learner_version,
+        sgd_steps=sgd_steps,
+        env_steps=accounting["samples_consumed"] + accounting["dropped_stale_total"],
+        wall_time=elapsed,
+        steps_per_second=config.batch_size / iteration_s,
+        sampler_id=tags[0].sampler_id if one else [t.sampler_id for t in tags],
+        behavior_version=int(tags[0].policy_version) if one else [int(t.policy_version) for t in tags],
+        buffer_fill=buffer_fill,
+        learner_busy_fraction=(times.done - times.got) / iteration_s,
+        learner_wait_s=times.got - times.tick,
+        **accounting,
+        **_sampler_columns(sampler_stats, elapsed, times.done),
+    )
+    return row
+
+
+def take_batch(shared: RunShared, iteration: int) -> list | None:
+    """`chunks_per_batch` `(chunk, ChunkTag)` items from the buffer; None when the run is stopping.
+
+    Raises TimeoutError after `threaded.timeout_s` without data; AssertionError when a
+    barrier batch does not hold one rollout of every sampler.
+    """
+    tcfg = shared.config.threaded
+    tick = time.perf_counter()
+    items: list = []
+    while len(items) < tcfg.effective_chunks_per_batch:
+        if shared.stop.is_set():
+            return None
+        item = shared.buffer.get_tagged(timeout=POLL_S)
+        if item is not None:
+            items.append(item)
+        elif time.perf_counter() - tick > tcfg.timeout_s:
+            raise TimeoutError(f"learner waited {tcfg.timeout_s:.0f}s for data (threaded.timeout_s) at iteration {iteration}")
+    samplers = sorted(tag.sampler_id for _, tag in items)
+    if tcfg.barrier and samplers != list(range(tcfg.num_samplers)):
+        raise AssertionError(f"barrier broken at iteration {iteration}: batch from samplers {samplers}")
+    return items
+
+
+class Learner:
+    """The learner thread's state across iterations: train state, key, traced hyperparameters,
+    running totals and the KL controller's state."""
+
+    def __init__(self, shared: RunShared, update: Callable, merge: Callable, place_trajectory: Callable,
+                 train_state: TrainState, key: jax.Array, hparams: Any, out: "queue.Queue[LearnerOutput]") -> None:
+        self.shared, self.update, self.merge, self.place_trajectory, self.out = shared, update, merge, place_trajectory, out
+        self.train_state, self.key, self.hparams = train_state, key, hparams
+        self.consumed_total = self.dropped_stale_total = self.version = 0
+        self.limits = controller_limits(shared.config)
+        self.control = None if self.limits is None else kl_control.initial_state(self.limits)
+
+    def run(self) -> None:
+        """The thread's body: every iteration, until done or stopped; a failure is recorded in
+        `shared` (which stops every thread)."""
+        try:
+            for iteration in range(1, self.shared.config.num_iterations + 1):
+                if not self.iteration(iteration):
+                    return
+        except BaseException as exc:  # noqa: BLE001
+            self.shared.fail("learner", exc)
+
+    def iteration(self, iteration: int) -> bool:
+        """Take, update, publish, account, hand over; False when the run is stopping."""
+        shared, config = self.shared, self.shared.config
+        tick = time.perf_counter()
+        items = take_batch(shared, iteration)
+        if items is None:
+            return False
+        got = time.perf_counter()
+        tags = [tag for _, tag in items]
+        version_before = self.version
+        metrics, sgd_steps = self._update([chunk for chunk, _ in items])
+        done = time.perf_counter()
+        consumed, stale = int(metrics.pop("consumed")), int(metrics["dropped_stale"])
+        if distributed.is_multi_process(config):  # the update counted every process's samples: account for this process's
+            consumed, stale, metrics["lag_mean_local"] = distributed.local_take(tags, version_before, config.lag.max_lag,
+                                                                                config.chunk_size)
+        self.consumed_total += consumed
+        self.dropped_stale_total += stale
+        counters = shared.buffer.counters()
+        accounting = threaded_accounting(counters, config.chunk_size, sum(s.discarded for s in shared.stats),
+                                         self.consumed_total, self.dropped_stale_total)
+        row = learner_row(config, metrics, iteration=iteration, tags=tags, learner_version=self.version,
+                          sgd_steps=sgd_steps, accounting=accounting, buffer_fill=counters["size"] / shared.buffer.capacity,
+                          times=IterationTimes(shared.start, tick, got, done), sampler_stats=shared.stats)
+        if self.control is not None:  # the KL controller moves the lag knobs for what comes next
+            row.update(self._control(metrics, consumed, done - shared.start))
+        records = [schedule_record(iteration, t.sampler_id, int(t.policy_version), version_before, t.made_at,
+                                   got - shared.start) for t in tags]
+        keep = shared.keeps_state(iteration) or iteration == config.num_iterations
+        if not put_for_logger(shared, self.out, LearnerOutput(row, records, self.train_state if keep else None)):
+            return False
+        shared.last_put_state = self.train_state
+        return True
+
+    def _update(self, chunks: list) -> tuple[dict[str, Any], int]:
+        """One update on the merged chunks; publishes the new params when the version moved.
+        Returns `(metrics, sgd_steps)` on the host."""
+        trajectory = self.place_trajectory(self.merge(chunks) if len(chunks) > 1 else chunks[0])
+        self.key, update_key = jax.random.split(self.key)
+        version_before = self.version
+        self.train_state, metrics = self.update(self.train_state, trajectory, update_key, self.hparams)
+        metrics, version, sgd_steps = jax.device_get((metrics, self.train_state.version, self.train_state.sgd_steps))
+        self.version = int(version)
+        if self.version > version_before:
+            self.shared.store.publish(distributed.local_value(snapshot_of(self.train_state)))
+        return dict(metrics), int(sgd_steps)
+
+    def _control(self, metrics: Mapping[str, Any], consumed: int, elapsed_s: float) -> dict[str, Any]:
+        """The KL controller's step; the learner's stale filter follows its max_lag. Returns its metrics."""
+        max_lag_before = self.control.knobs.max_lag
+        self.control = control_lag(self.shared, self.limits, self.control, metrics, consumed, elapsed_s)
+        if self.control.knobs.max_lag != max_lag_before:
+            self.hparams = with_max_lag(self.hparams, self.control.knobs.max_lag)
+        return kl_control.controller_metrics(self.control)
+
+
+def learner_loop(shared: RunShared, update: Callable, merge: Callable, place_trajectory: Callable,
+                 train_state: TrainState, key: jax.Array, hparams: Any, out: "queue.Queue[LearnerOutput]") -> None:
+    """Body of the learner thread (`Learner(...).run()`)."""
+    Learner(shared, update, merge, place_trajectory, train_state, key, hparams, out).run()
+
+
+def put_for_logger(shared: RunShared, out: queue.Queue, item: LearnerOutput) -> bool:
+    """Queue `item` for the logging thread, waiting while the bounded queue is full; False on stop."""
+    while not shared.stop.is_set():
+        try:
+            out.put(item, timeout=POLL_S)
+        except queue.Full:
+            continue
+        shared.max_queue_depth = max(shared.max_queue_depth, out.qsize())
+        return True
+    return False

@@ -1,0 +1,197 @@
+"""The sampler thread: refresh its params snapshot, make a rollout, deliver it to the buffer.
+
+A `Sampler` holds one thread's state (its snapshot and version, env states, RNG, the version of
+its last delivered chunk) and does one of three things per step, each a method: `refresh`
+(pull newer params when the rules say so: `lag.should_refresh`, one rollout per version with a
+barrier, the latest after a KL-controller pause), `make` (a rollout plus the simulated env
+latency) and `deliver` (into the ring buffer, unless the chunk would be stale when consumed:
+then it is discarded as a forced refresh, counted).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Callable
+
+import jax
+
+from ppo_async.core import kl_control
+from ppo_async.core.lag import is_stale, must_force_refresh, should_refresh
+from ppo_async.modes.threaded.shared import POLL_S, RunShared
+from ppo_async.runtime.buffer import ChunkTag
+from ppo_async.runtime.param_store import ParamStore
+
+
+class FreshnessGate:
+    """`admit(resident, consumer_waiting)` for `RingBuffer.put`: a chunk made with `version` goes
+    in only if it will still be within `max_lag` versions when the learner consumes it, which
+    is at the latest version, plus one if the learner is busy updating (no consumer waiting),
+    plus one per batch of chunks resident ahead of it. `refused` says whether it said no."""
+
+    def __init__(self, store: ParamStore, version: int, max_lag: int, chunks_per_batch: int) -> None:
+        self.store, self.version, self.max_lag, self.chunks_per_batch = store, version, max_lag, chunks_per_batch
+        self.refused = False
+
+    def __call__(self, resident: int, consumer_waiting: bool) -> bool:
+        consumed_at = self.store.latest_version() + (0 if consumer_waiting else 1) + resident // self.chunks_per_batch
+        admitted = not is_stale(consumed_at - self.version, self.max_lag)
+        self.refused = self.refused or not admitted
+        return admitted
+
+
+class Sampler:
+    """One sampler thread: `run()` loops refresh / make / deliver until the run stops."""
+
+    def __init__(self, shared: RunShared, sampler_id: int, rollout_fn: Callable, env_state: Any, key: jax.Array,
+                 device: Any) -> None:
+        self.shared, self.sampler_id, self.rollout_fn, self.env_state, self.key, self.device = (
+            shared, sampler_id, rollout_fn, env_state, key, device)
+        self.stats = shared.stats[sampler_id]
+        tcfg = shared.config.threaded
+        self.latency_ms = tcfg.sampler_step_latency_ms[sampler_id] if tcfg.sampler_step_latency_ms else 0.0
+        self.rng = random.Random(shared.config.seed * 1000 + sampler_id)
+        self.snapshot = shared.store.get_if_newer(None, device)
+        self.version = int(self.snapshot.version)
+        self.last_refresh = time.perf_counter()
+        self.made_with: int | None = None  # version of the last rollout put into the buffer
+        self.paused = False
+
+    def run(self) -> None:
+        """The thread's body; a failure is recorded in `shared` (which stops every thread)."""
+        try:
+            while not self.shared.stop.is_set():
+                self.step()
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
+            self.shared.fail(f"sampler-{self.sampler_id}", exc)
+
+    def step(self) -> None:
+        """One pass: wait while paused or without room, else refresh, make and deliver a rollout."""
+        knobs = self.shared.knobs
+        if not knobs.active[self.sampler_id]:  # paused by the KL controller
+            self._pause_slice()
+            return
+        self.stats.pause_ended(time.perf_counter())  # running: a pause in progress (if any) is over
+        if self._no_room(knobs) or not self.refresh(knobs):
+            return
+        trajectory, made_at = self.make()
+        if not self.shared.config.threaded.barrier and must_force_refresh(
+                self.version, self.shared.store.latest_version(), self.shared.knobs.max_lag):
+            self.force_refresh()  # the rollout just made is too stale: discarded (counted)
+            return
+        self.deliver(trajectory, made_at)
+
+    def refresh(self, knobs: kl_control.LagKnobs) -> bool:
+        """Pulls newer params when due; False when a barrier sampler is still waiting for the
+        learner's next version (nothing to make yet)."""
+        store, stats, tcfg = self.shared.store, self.stats, self.shared.config.threaded
+        t0 = time.perf_counter()
+        stats.enter("params")
+        if self.paused:  # resumed: its params are as old as the pause; pull the latest
+            self._pull(t0)
+            self.paused = False
+        elif tcfg.barrier:
+            if self.made_with == self.version:  # one rollout per version: wait for the learner's next one
+                newer = store.wait_for_newer(self.version, timeout=POLL_S, device=self.device)
+                stats.wait_params_s += time.perf_counter() - t0
+                if newer is None:
+                    return False
+                self.snapshot, self.version = newer, int(newer.version)
+                stats.refreshes += 1
+        elif should_refresh(self.version, store.latest_version(), knobs.refresh_lag, t0 - self.last_refresh,
+                            tcfg.min_refresh_interval_s):
+            self._pull(t0)
+        return True
+
+    def make(self) -> tuple[Any, float]:
+        """One rollout with the current snapshot: `(trajectory, delivery instant)` (after the
+        simulated env latency, if any)."""
+        stats = self.stats
+        t0 = time.perf_counter()
+        stats.enter("rollout")
+        self.key, rollout_key = jax.random.split(self.key)
+        self.env_state, trajectory = self.rollout_fn(self.snapshot, self.env_state, rollout_key)
+        jax.block_until_ready(trajectory.transitions.reward)
+        made_at = time.perf_counter()
+        stats.rollout_s += made_at - t0
+        if self.latency_ms > 0:
+            made_at = self._env_latency()
+        return trajectory, made_at
+
+    def deliver(self, trajectory: Any, made_at: float) -> None:
+        """Puts the chunk into the buffer (on the buffer's device); a chunk the freshness gate
+        refuses (it would be staler than lag.max_lag when consumed) is discarded here as a
+        forced refresh rather than put in to be dropped by the learner."""
+        shared, stats, tcfg = self.shared, self.stats, self.shared.config.threaded
+        # to the buffer's device (a no-op put costs ~0.15 ms per chunk: skip it on one device)
+        chunk = trajectory if self.device == shared.buffer_device else jax.device_put(trajectory, shared.buffer_device)
+        stats.enter("put")
+        max_lag = shared.knobs.max_lag
+        gate = None if tcfg.barrier or max_lag is None else FreshnessGate(
+            shared.store, self.version, max_lag, tcfg.effective_chunks_per_batch)
+        tag = ChunkTag(self.sampler_id, made_at - shared.start, self.version)
+        while not shared.stop.is_set():
+            if shared.buffer.put(chunk, timeout=POLL_S, tag=tag, admit=gate, timings=stats.put_timings):
+                stats.produced += shared.config.chunk_size
+                self.made_with = self.version
+                return
+            if gate is not None and gate.refused:
+                self.force_refresh()
+                return
+
+    def force_refresh(self) -> None:
+        """Counts the rollout just made as discarded and pulls the latest params."""
+        stats, chunk_size = self.stats, self.shared.config.chunk_size
+        stats.produced += chunk_size
+        stats.discarded += chunk_size
+        stats.forced_refreshes += 1
+        self.snapshot = self.shared.store.get_if_newer(self.version, self.device) or self.snapshot
+        self.version, self.last_refresh = int(self.snapshot.version), time.perf_counter()
+
+    def _pull(self, t0: float) -> None:
+        """Takes the latest params (if newer) as a refresh begun at `t0`."""
+        self.snapshot = self.shared.store.get_if_newer(self.version, self.device) or self.snapshot
+        self.version, self.last_refresh = int(self.snapshot.version), time.perf_counter()
+        self.stats.refreshes += 1
+        self.stats.wait_params_s += self.last_refresh - t0
+
+    def _pause_slice(self) -> None:
+        """One POLL_S slice of a sampler paused by the KL controller (its pause timed from the
+        first slice: `SamplerStats.paused_seconds`)."""
+        self.stats.pause_began(time.perf_counter())
+        self.stats.enter("paused")
+        self.paused = True
+        self.shared.stop.wait(POLL_S)
+
+    def _no_room(self, knobs: kl_control.LagKnobs) -> bool:
+        """With a freshness bound (`max_lag`, full_policy "block"): True after waiting one POLL_S
+        slice while `(max_lag + 1) * chunks_per_batch` chunks are resident. A chunk made now
+        goes in behind them and would be too stale when consumed: the sampler waits for room
+        instead of making it (counted as waiting for space). overwrite_oldest never waits: its
+        new chunks replace old ones."""
+        tcfg = self.shared.config.threaded
+        if tcfg.barrier or knobs.max_lag is None or tcfg.full_policy != "block":
+            return False
+        t0 = time.perf_counter()
+        self.stats.enter("put")
+        room = self.shared.buffer.wait_for_room((knobs.max_lag + 1) * tcfg.effective_chunks_per_batch, timeout=POLL_S)
+        self.stats.put_timings["space_s"] += time.perf_counter() - t0
+        return not room
+
+    def _env_latency(self) -> float:
+        """Sleeps the simulated env latency of one rollout (outside the GIL; wakes at once on
+        stop); returns the instant the chunk is delivered."""
+        config = self.shared.config
+        sleep = self.latency_ms * config.rollout.num_steps / 1000.0
+        sleep *= 1.0 + config.threaded.latency_jitter * (2.0 * self.rng.random() - 1.0)
+        t0 = time.perf_counter()
+        self.stats.enter("latency")
+        self.shared.stop.wait(sleep)
+        self.stats.latency_s += time.perf_counter() - t0
+        return time.perf_counter()
+
+
+def sampler_loop(shared: RunShared, sampler_id: int, rollout_fn: Callable, env_state: Any, key: jax.Array,
+                 device: Any) -> None:
+    """Body of one sampler thread (`Sampler(...).run()`)."""
+    Sampler(shared, sampler_id, rollout_fn, env_state, key, device).run()

@@ -1,0 +1,118 @@
+"""What the threads of one threaded run share: the run's state, each sampler's counters, the
+records that travel between threads (chunk tags, thread errors, learner outputs)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+from ppo_async.config import Config
+from ppo_async.core import kl_control
+from ppo_async.core.types import TrainState
+from ppo_async.runtime.buffer import RingBuffer
+from ppo_async.runtime.param_store import ParamStore
+
+POLL_S = 0.1  # slice of every blocking wait, so a stop request is seen within this time
+
+
+class ThreadFailure(RuntimeError):
+    """A sampler or learner thread raised; the message carries the thread's name and traceback."""
+
+
+class ThreadError(NamedTuple):
+    """A failure recorded by a thread (or by the heartbeat of a multi-process run)."""
+
+    thread: str  # "sampler-<i>", "learner" or "peer"
+    exc: BaseException
+    traceback: str
+
+
+@dataclass
+class SamplerStats:
+    """Per-sampler counters and time split (written by its thread, read under the GIL)."""
+
+    produced: int = 0  # transitions produced (put into the buffer or discarded)
+    discarded: int = 0  # transitions discarded by forced refresh
+    refreshes: int = 0
+    forced_refreshes: int = 0
+    rollout_s: float = 0.0
+    wait_params_s: float = 0.0
+    # RingBuffer.put's lock_s / space_s / write_s, all keys present from the start (the
+    # learner thread sums them while this one adds: the dict never changes size)
+    put_timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("lock_s", "space_s", "write_s"), 0.0))
+    latency_s: float = 0.0
+    paused_s: float = 0.0  # seconds paused by the KL controller, pauses that ended (see paused_seconds)
+    paused_since: float | None = None  # perf_counter() when the pause in progress began
+    phase: str = "starting"  # what the thread is doing now: params, rollout, latency, put, paused
+    phase_since: float = 0.0  # perf_counter() when that began
+
+    @property
+    def wait_buffer_s(self) -> float:
+        """Seconds inside buffer puts: waiting for the lock, for space (block), and writing."""
+        return sum(self.put_timings.values())
+
+    def enter(self, phase: str) -> None:
+        """Marks what the sampler does next (named if the thread gets stuck there)."""
+        self.phase, self.phase_since = phase, time.perf_counter()
+
+    def pause_began(self, now: float) -> None:
+        """The KL controller paused this sampler (no-op while a pause is in progress)."""
+        if self.paused_since is None:
+            self.paused_since = now
+
+    def pause_ended(self, now: float) -> None:
+        """The pause in progress is over: its time joins `paused_s`."""
+        since, self.paused_since = self.paused_since, None
+        if since is not None:
+            self.paused_s += now - since
+
+    def paused_seconds(self, now: float) -> float:
+        """Seconds paused by the KL controller up to `now`, the pause in progress included (a
+        sampler paused shortly before a row counts from its pause, not from its next poll)."""
+        since = self.paused_since
+        return self.paused_s + (now - since if since is not None else 0.0)
+
+
+def initial_knobs(config: Config) -> kl_control.LagKnobs:
+    """The lag knobs a threaded run starts with: every sampler running, refresh_lag and max_lag as configured."""
+    return kl_control.LagKnobs((True,) * config.threaded.num_samplers, config.threaded.refresh_lag, config.lag.max_lag)
+
+
+@dataclass
+class RunShared:
+    """What the threads of one run share."""
+
+    config: Config
+    store: ParamStore
+    buffer: RingBuffer
+    stop: threading.Event
+    errors: list[ThreadError]
+    stats: list[SamplerStats]
+    buffer_device: Any
+    start: float = field(default_factory=time.perf_counter)  # reset when the threads start
+    keeps_state: Callable[[int], bool] = lambda iteration: False  # iterations whose state the logger needs
+    last_put_state: Any = None  # the train state of the last iteration handed to the logger
+    max_queue_depth: int = 0  # most iterations ever waiting for the logger
+    # The lag knobs in force: the config's, replaced as a whole by the KL controller (readers
+    # take one reference per step, so each sees a consistent set)
+    knobs: kl_control.LagKnobs = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.knobs = initial_knobs(self.config)
+
+    def fail(self, thread: str, exc: BaseException) -> None:
+        """Records a thread's failure (with the traceback being handled) and stops every thread."""
+        self.errors.append(ThreadError(thread, exc, traceback.format_exc()))
+        self.stop.set()
+
+
+@dataclass
+class LearnerOutput:
+    """One learner iteration handed to the logging (calling) thread."""
+
+    row: dict[str, Any]
+    records: list[dict[str, Any]]
+    train_state: TrainState | None  # only when `RunShared.keeps_state(iteration)` or the last iteration
