@@ -5,7 +5,7 @@ truncations, GAE, then `num_epochs x num_minibatches` Adam steps on the PPO or d
 objective. Hyperparameters that do not change shapes travel in `Hyperparams` as arrays, so
 one compiled update serves a whole sweep; shape-changing and structural options are static
 in `LearnerContext`. With `axis_name` set the update runs data-parallel under shard_map
-(`ppo_async.runtime.placement.data_parallel_update`): each device holds the trajectory's envs `[T, N / D]`, gradients and
+(`ppo_async.runtime.placement.learner_placement`): each device holds the trajectory's envs `[T, N / D]`, gradients and
 advantage-normalisation statistics are averaged over devices, so every replica takes the
 same Adam step (the data-parallel SGD of Goyal et al. 2017).
 """
