@@ -26,14 +26,19 @@ def config_to_dict(config: Config) -> dict[str, Any]:
     """Nested plain-Python dict of every field (JSON-serialisable)."""
     return json.loads(json.dumps(dataclasses.asdict(config)))
 
+def _refuse_unknown(data: Mapping[str, Any], cls: type, what: str) -> None:
+    """ConfigError listing the keys of `data` that are not fields of the dataclass `cls` (and the known ones)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"{what} {sorted(unknown)}; known: {sorted(known)}")
+
+
 def config_from_dict(data: dict[str, Any]) -> Config:
     """Builds (and validates) a Config from a nested dict; unknown keys raise ConfigError."""
     if not isinstance(data, dict):
         raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
-    top_fields = {f.name for f in dataclasses.fields(Config)}
-    unknown = set(data) - top_fields
-    if unknown:
-        raise ConfigError(f"unknown config keys {sorted(unknown)}; known: {sorted(top_fields)}")
+    _refuse_unknown(data, Config, "unknown config keys")
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key in _SECTIONS:
@@ -43,10 +48,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
                 continue
             if not isinstance(value, dict):
                 raise ConfigError(f"{key} must be a mapping of its fields, got {value!r}")
-            known = {f.name for f in dataclasses.fields(cls)}
-            bad = set(value) - known
-            if bad:
-                raise ConfigError(f"unknown keys in {key}: {sorted(bad)}; known: {sorted(known)}")
+            _refuse_unknown(value, cls, f"unknown keys in {key}:")
             section = dict(value)
             for f in dataclasses.fields(cls):
                 if f.name in section and isinstance(section[f.name], list):

@@ -80,6 +80,15 @@ def _save(fig: Any, path: str | os.PathLike | None) -> None:
     fig.savefig(path, format="png", dpi=100)
 
 
+def _finish(fig: Any, ax: Any, path: str | os.PathLike | None, grid_axis: str = "both") -> Any:
+    """A one-axes figure's last steps: the legend outside the axes, a light grid, saved to
+    `path` (None: not saved); returns the figure."""
+    _legend_outside(fig, ax)
+    ax.grid(alpha=0.3, axis=grid_axis)
+    _save(fig, path)
+    return fig
+
+
 def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"{what} needs a pandas DataFrame of metrics rows, got {type(df).__name__}")
@@ -245,10 +254,7 @@ def kl_over_time(df: pd.DataFrame, path: str | os.PathLike | None = None, x: str
     ax.set_ylabel("KL to behaviour policy")
     notes = ("mean over seeds" if df.get("seed") is not None and df["seed"].nunique() > 1 else "") + _points_note(df)
     ax.set_title("KL to the behaviour policy" + (f" ({notes.lstrip(', ')})" if notes else ""))
-    _legend_outside(fig, ax)
-    ax.grid(alpha=0.3)
-    _save(fig, path)
-    return fig
+    return _finish(fig, ax, path)
 
 
 def _runs_mapping(runs: Mapping[str, pd.DataFrame] | pd.DataFrame, what: str) -> Mapping[str, pd.DataFrame]:
@@ -279,10 +285,7 @@ def kl_over_time_runs(
     ax.set_xlabel(_X_LABELS.get(x, x))
     ax.set_ylabel("KL to behaviour policy (approx_kl)")
     ax.set_title("KL to the behaviour policy (mean over seeds)")
-    _legend_outside(fig, ax)
-    ax.grid(alpha=0.3)
-    _save(fig, path)
-    return fig
+    return _finish(fig, ax, path)
 
 
 # ---------------------------------------------------------------------------- lag
@@ -390,10 +393,7 @@ def kl_per_lag(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
     if len(lags):
         ax.set_xlim(-0.6, len(lags) - 0.4)
         _lag_ticks(ax, len(lags))
-    _legend_outside(fig, ax)
-    ax.grid(alpha=0.3, axis="y")
-    _save(fig, path)
-    return fig
+    return _finish(fig, ax, path, grid_axis="y")
 
 
 # ---------------------------------------------------------------------------- throughput
@@ -455,10 +455,7 @@ def throughput(df: pd.DataFrame, path: str | os.PathLike | None = None, window: 
     ax.set_ylabel("env steps / s")
     unit = "points" if _points_note(df) else "iterations"
     ax.set_title("Throughput" + (f" (rolling mean over {window} {unit}" if window > 1 else f" (per {unit[:-1]}") + _points_note(df) + ")")
-    _legend_outside(fig, ax)
-    ax.grid(alpha=0.3)
-    _save(fig, path)
-    return fig
+    return _finish(fig, ax, path)
 
 
 SAMPLER_TIME_COLUMNS = (
@@ -489,10 +486,7 @@ def sampler_time_split(df: pd.DataFrame, path: str | os.PathLike | None = None) 
     ax.invert_yaxis()
     ax.set_xlabel("seconds (cumulative)")
     ax.set_title("Sampler time split")
-    _legend_outside(fig, ax)
-    ax.grid(alpha=0.3, axis="x")
-    _save(fig, path)
-    return fig
+    return _finish(fig, ax, path, grid_axis="x")
 
 
 def sweep_throughput_kl(df: pd.DataFrame, x: str, path: str | os.PathLike | None = None) -> Any:
@@ -588,10 +582,7 @@ def kl_vs_buffer(rows: Sequence[Mapping[str, Any]], kl_target: float, path: str 
     ax.set_xlabel("ring-buffer length (rollout chunks)")
     ax.set_ylabel("mean approx_kl")
     ax.set_title("KL to the behaviour policy vs buffer length")
-    _legend_outside(fig, ax)
-    ax.grid(alpha=0.3)
-    _save(fig, path)
-    return fig
+    return _finish(fig, ax, path)
 
 
 # ---------------------------------------------------------------------------- a run directory
