@@ -28,6 +28,7 @@ from ppo_async.modes.registry import Mode, get_mode, register_mode
 from ppo_async.run.result import TrainResult
 from ppo_async.modes.train import load, resume, train
 from ppo_async.study.tune import TuneResult, tune
+from ppo_async.study.benchmark import benchmark
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,7 @@ __all__ = [
     "TrainResult",
     "TuneResult",
     "analysis",
+    "benchmark",
     "config_from_dict",
     "config_to_dict",
     "evaluate",

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Sequence, Union
 
 import tyro
 
+from ppo_async.cli.benchmark import BenchmarkCommand
 from ppo_async.cli.launch import LaunchCommand, split_launch
 from ppo_async.cli.parsing import PROG, parse
 from ppo_async.cli.noise import quiet_library_noise
@@ -40,6 +41,7 @@ COMMANDS: dict[str, type] = {
     "plot": PlotCommand,
     "compare": CompareCommand,
     "tune": TuneCommand,
+    "benchmark": BenchmarkCommand,
     "launch": LaunchCommand,
 }
 """The commands, in the order the help lists them."""

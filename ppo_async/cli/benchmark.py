@@ -1,0 +1,55 @@
+"""`python -m ppo_async benchmark`: suites of envs x modes x seeds against reference figures
+(`ppo_async.study.benchmark`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Annotated, Literal
+
+import tyro
+
+from ppo_async.study.benchmark import benchmark, report
+
+ModeChoice = Literal["sync", "barrier", "async"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkCommand:
+    """Run a benchmark suite: every env x mode x seed with the env's preset, the learner's
+    deterministic policy evaluated every --eval-every-steps env steps; writes results.csv,
+    report.md (mean, 95% bootstrap CI and worst seed per checkpoint; IQM and probability of
+    improvement across envs with rliable), plots and manifest.json into --out. Run again with
+    the same options to resume: finished runs are skipped."""
+
+    suite: Annotated[str, tyro.conf.arg(metavar="NAME")] = "mujoco"
+    """The suite: mujoco (gymnasium HalfCheetah, Hopper, Walker2d, Ant; 1M steps), dmc (playground), classic (gymnax)."""
+    seeds: Annotated[int, tyro.conf.arg(metavar="N")] = 5
+    """Runs per env x mode (seeds 0 .. N-1)."""
+    out: Annotated[str, tyro.conf.arg(metavar="DIR")] = "runs/benchmark"
+    """Output directory (results.csv, report.md, plots, manifest.json, runs/)."""
+    envs: Annotated[tuple[str, ...] | None, tyro.conf.arg(metavar="NAME", help_behavior_hint="(default: the suite's)")] = None
+    """A subset of the suite's envs."""
+    total_env_steps: Annotated[int | None, tyro.conf.arg(metavar="N", help_behavior_hint="(default: the suite's budget)")] = None
+    """Env steps per run."""
+    modes: Annotated[tuple[ModeChoice, ...] | None, tyro.conf.arg(metavar="MODE", help_behavior_hint="(default: those every env can run)")] = None
+    """Modes: sync (JAX envs only), barrier (threaded, lag 0), async (threaded, 4 samplers)."""
+    eval_every_steps: Annotated[int | None, tyro.conf.arg(metavar="N", help_behavior_hint="(default: the suite's, 100k for mujoco)")] = None
+    """Env steps between evaluations of the deterministic policy."""
+    eval_episodes: Annotated[int, tyro.conf.arg(metavar="N")] = 10
+    """Episodes per evaluation."""
+    report_only: bool = False
+    """Only write report.md and the plots again from DIR/results.csv."""
+    quiet: bool = False
+    """No per-run lines or progress bars."""
+
+    def run(self) -> int:
+        if self.report_only:
+            path = report(self.out)
+            print(f"wrote {path}", flush=True)
+            return 0
+        benchmark(self.suite, seeds=self.seeds, out=self.out, envs=self.envs, total_env_steps=self.total_env_steps,
+                  modes=self.modes, eval_every_steps=self.eval_every_steps, eval_episodes=self.eval_episodes,
+                  progress=not self.quiet)
+        print(f"benchmark done: {os.path.join(self.out, 'report.md')}", flush=True)
+        return 0

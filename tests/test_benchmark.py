@@ -1,0 +1,168 @@
+"""The benchmark runner (`ppo_async.study.benchmark`, `python -m ppo_async benchmark`): a tiny
+classic suite writes its rows, resumes after a kill without re-running finished runs and
+rebuilds lost rows from the run directories; the aggregate IQM and probability of improvement
+against numbers computed by hand; one-line errors; the command's help."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import ppo_async as pa
+from ppo_async.config import ConfigError
+from ppo_async.study import benchmark as bm
+
+TINY = dict(suite="classic", seeds=2, envs=["Pendulum-v1", "CartPole-v1"], modes=["sync"], total_env_steps=2048,
+            eval_every_steps=1024, eval_episodes=2, progress=False)
+RUNS = [(env, "sync", seed) for seed in (0, 1) for env in ("Pendulum-v1", "CartPole-v1")]
+
+
+class Killed(Exception):
+    pass
+
+
+def metrics_mtime(out, env, mode, seed) -> int:
+    return os.stat(os.path.join(bm.run_dir_of(str(out), env, mode, seed), "metrics.jsonl")).st_mtime_ns
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny suite killed after its first run, then run again to the end."""
+    out = tmp_path_factory.mktemp("bench")
+
+    def kill_after_first(env, mode, seed, how):
+        raise Killed()
+
+    with pytest.raises(Killed):
+        pa.benchmark(out=out, on_run=kill_after_first, **TINY)
+    first_rows = bm.read_results(str(out))
+    first_mtime = metrics_mtime(out, *RUNS[0])
+    calls = []
+    df = pa.benchmark(out=out, on_run=lambda *a: calls.append(a), **TINY)
+    return out, first_rows, first_mtime, calls, df
+
+
+def test_a_killed_benchmark_resumes_without_rerunning_finished_runs(tiny):
+    out, first_rows, first_mtime, calls, df = tiny
+    assert {bm._key(r) for r in first_rows} == {RUNS[0]} and first_rows[-1]["final"] == "1"
+    assert [c[:3] for c in calls] == RUNS
+    assert [c[3] for c in calls] == ["skipped", "fresh", "fresh", "fresh"]
+    assert metrics_mtime(out, *RUNS[0]) == first_mtime  # the finished run was not trained again
+    # one row per evaluation: after iterations 1 (1,024 steps) and 2 (the end), per run
+    assert len(df) == 8 and set(df.columns) == set(bm.COLUMNS)
+    assert sorted(df.groupby(["env", "seed"]).size()) == [2] * 4
+    assert set(df["checkpoint"]) == {1024, 2048} and set(df.loc[df["final"] == 1, "checkpoint"]) == {2048}
+    assert df["eval_return"].notna().all() and (df["wall_s"] > 0).all() and (df["lag_mean"] == 0).all()
+    for name in ("report.md", "learning_curves.png", "manifest.json", "benchmark.json"):
+        assert os.path.isfile(os.path.join(out, name)), name
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    assert manifest["completed"] and manifest["runs"] == {"fresh": 3, "skipped": 1}
+
+
+def test_lost_rows_are_rebuilt_from_the_run_directory_not_rerun(tiny):
+    out, *_ , df = tiny
+    env, mode, seed = RUNS[2]
+    lost = bm.read_results(str(out))
+    kept = [r for r in lost if bm._key(r) != (env, mode, seed)]
+    bm.write_results(str(out), kept[:-1], append=False)  # lose a run's rows and tear another's final row
+    os.remove(os.path.join(bm.run_dir_of(str(out), *RUNS[0]), bm.DONE_FILE))  # a marker lost too
+    before = {run: metrics_mtime(out, *run) for run in RUNS}
+    calls = []
+    again = pa.benchmark(out=out, on_run=lambda *a: calls.append(a[3]), **TINY)
+    assert {run: metrics_mtime(out, *run) for run in RUNS} == before  # nothing trained
+    assert sorted(calls) == ["rows rebuilt", "rows rebuilt", "skipped", "skipped"]
+    key = ["env", "mode", "seed", "checkpoint"]
+    pd.testing.assert_frame_equal(again.sort_values(key).reset_index(drop=True), df.sort_values(key).reset_index(drop=True))
+    assert os.path.isfile(os.path.join(bm.run_dir_of(str(out), *RUNS[0]), bm.DONE_FILE))
+
+
+def test_other_arguments_on_the_same_out_are_refused(tiny):
+    out = tiny[0]
+    with pytest.raises(ConfigError, match=r"other arguments: total_env_steps=2048 \(now 4096\)"):
+        pa.benchmark(out=out, **{**TINY, "total_env_steps": 4096})
+
+
+def test_report_only_from_results_csv(tiny, cli_main, tmp_path):
+    out = tmp_path / "copy"
+    out.mkdir()
+    (out / "results.csv").write_text((tiny[0] / "results.csv").read_text())
+    proc = cli_main(["benchmark", "--report-only", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    text = (out / "report.md").read_text()
+    assert "| Pendulum-v1 | sync | 2 | 2,048 |" in text and "RL Baselines3 Zoo benchmark.md: -172" in text
+    assert (out / "learning_curves.png").is_file()
+
+
+def hand_table(rows) -> pd.DataFrame:
+    """Final-evaluation rows: (env, mode, seed, eval_return)."""
+    return pd.DataFrame([{"env": e, "mode": m, "seed": s, "eval_return": r, "final": 1} for e, m, s, r in rows])
+
+
+def test_iqm_and_probability_of_improvement_by_hand():
+    refs = {"A": 100.0, "B": -50.0}  # B: a negative reference (normalised 1 + (x - ref) / |ref|)
+    a = {"barrier": [50, 100, 150, 200], "async": [100, 100, 300, 120]}
+    b = {"barrier": [-50, -25, -100, -75], "async": [-50, -25, -100, -75]}
+    rows = [(env, mode, seed, scores[mode][seed]) for env, scores in (("A", a), ("B", b))
+            for mode in ("barrier", "async") for seed in range(4)]
+    agg = bm.aggregate(hand_table(rows), refs, reps=200)
+    assert agg["tasks"] == ["A", "B"] and agg["runs"] == 4
+    # barrier: A -> 0.5, 1, 1.5, 2; B -> 1, 1.5, 0, 0.5. Sorted: 0 .5 .5 1 1 1.5 1.5 2; the middle
+    # four (IQM drops the lowest and highest 25% = 2 of 8 each side): .5 1 1 1.5 -> 1.0
+    assert agg["iqm"]["barrier"][0] == pytest.approx(1.0)
+    # async: A -> 1, 1, 3, 1.2; B as barrier. Sorted: 0 .5 1 1 1 1.2 1.5 3 -> middle 1 1 1 1.2 -> 1.05
+    assert agg["iqm"]["async"][0] == pytest.approx(1.05)
+    # P(async > barrier): A counts pairs (x > y: 1, tie: 1/2) over 16: async 100 beats 50 and ties 100
+    # (1.5, twice), 300 beats all 4, 120 beats 50 and 100 (2): (1.5 + 1.5 + 4 + 2) / 16 = 9/16; B equal -> 1/2
+    assert agg["improvement"][0] == pytest.approx((9 / 16 + 0.5) / 2)
+    for value, low, high in [*agg["iqm"].values(), agg["improvement"]]:
+        assert low <= value + 1e-9 and value <= high + 1e-9
+
+
+def test_bootstrap_ci_and_checkpoint_table():
+    assert np.isnan(bm.bootstrap_mean_ci([3.0])[0])
+    low, high = bm.bootstrap_mean_ci([1.0, 2.0, 3.0, 4.0])
+    assert 1.0 <= low < 2.5 < high <= 4.0
+    df = hand_table([("A", "async", s, v) for s, v in enumerate([1.0, 2.0, 6.0])]).assign(
+        checkpoint=10, train_return=0.0, env_steps=10, wall_s=1.0)
+    row = bm.checkpoint_table(df).iloc[0]
+    assert (row["seeds"], row["mean"], row["worst"]) == (3, 3.0, 1.0)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(suite="atari"), "suite = 'atari' is not a benchmark suite (mujoco, dmc, classic)"),
+    (dict(suite="mujoco", modes=["sync"]), "mode 'sync' cannot run env 'gymnasium/HalfCheetah-v5'"),
+    (dict(suite="classic", modes=["fast"]), "modes: 'fast' is not a benchmark mode (sync, barrier, async)"),
+    (dict(suite="classic", envs=["Pong"]), "envs: 'Pong' is not in suite 'classic'"),
+    (dict(suite="classic", seeds=0), "seeds = 0 is invalid: must be an integer >= 1"),
+])
+def test_bad_arguments_are_one_line_errors(kwargs, message):
+    with pytest.raises(ConfigError) as info:
+        bm.resolve_plan(**kwargs)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_plan_defaults_and_run_configs():
+    plan = bm.resolve_plan("mujoco")
+    assert plan.modes == ("barrier", "async") and plan.total_env_steps == 1_000_000 and plan.eval_every_steps == 100_000
+    assert bm.resolve_plan("classic").modes == ("sync", "barrier", "async")
+    config = bm.run_config(plan, "gymnasium/Hopper-v5", "async", 3, "somewhere")
+    preset = pa.config_for_env("gymnasium/Hopper-v5", {"mode": "threaded"})
+    assert (config.mode, config.threaded.num_samplers, config.seed, config.ppo) == ("threaded", 4, 3, preset.ppo)
+    assert config.eval_every == round(100_000 / config.batch_size) and config.checkpoint_every == 0  # not resumable
+    assert bm.checkpoint_of(config.num_iterations, config.eval_every, config.num_iterations, 100_000, 1_000_000) == 1_000_000
+
+
+def test_cli_errors_and_help(cli_main):
+    proc = cli_main(["benchmark", "--suite", "atari", "--out", "unused"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: suite = 'atari'")
+    proc = cli_main(["benchmark", "--modes", "fast"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--modes" in proc.stderr
+    proc = cli_main(["benchmark", "--help"])
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m ppo_async benchmark")
+    for option in ("--suite NAME", "--envs NAME", "--total-env-steps N", "--modes MODE", "--eval-every-steps N",
+                   "--eval-episodes N", "--report-only"):
+        assert option in proc.stdout, option
