@@ -132,6 +132,13 @@ def test_bootstrap_ci_and_checkpoint_table():
     assert (row["seeds"], row["mean"], row["worst"]) == (3, 3.0, 1.0)
 
 
+def test_reach_ratio_by_hand():
+    barrier = pd.DataFrame({"mean": [10.0, 20.0], "wall_s": [50.0, 100.0]})
+    asynchronous = pd.DataFrame({"mean": [15.0, 25.0, 30.0], "wall_s": [20.0, 40.0, 60.0]})
+    assert bm.reach_ratio(barrier, asynchronous) == pytest.approx(40.0 / 100.0)  # 25 >= 20 first, at 40 s
+    assert np.isnan(bm.reach_ratio(barrier, asynchronous.assign(mean=5.0)))
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(suite="atari"), "suite = 'atari' is not a benchmark suite (mujoco, dmc, classic)"),
     (dict(suite="mujoco", modes=["sync"]), "mode 'sync' cannot run env 'gymnasium/HalfCheetah-v5'"),

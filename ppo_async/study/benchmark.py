@@ -424,7 +424,7 @@ def finish_run(out: str, plan: Plan, env: str, mode: str, seed: int, done: set, 
         if not os.path.isfile(marker):
             write_json(marker, {"env": env, "mode": mode, "seed": seed})
         return "skipped"
-    if os.path.isfile(marker) or trained_to_end(run_dir, config):
+    if trained_to_end(run_dir, config):  # rows lost from results.csv, or killed before they were written
         how = "rows rebuilt" if os.path.isfile(marker) else "completed"
     else:
         how = train_run(config, progress)
@@ -757,6 +757,39 @@ def checkpoints_section(table: pd.DataFrame) -> list[str]:
     return lines
 
 
+def reach_ratio(barrier: pd.DataFrame, asynchronous: pd.DataFrame) -> float:
+    """Wall-clock async needs to reach barrier's final mean return, over barrier's: the mean
+    wall_s of async's first checkpoint whose mean return is at least barrier's final one, divided
+    by barrier's final mean wall_s (each a `checkpoint_table` part of one env, by checkpoint);
+    NaN when async never reaches it."""
+    target, wall = barrier.iloc[-1]["mean"], barrier.iloc[-1]["wall_s"]
+    reached = asynchronous[asynchronous["mean"] >= target]
+    return float(reached.iloc[0]["wall_s"] / wall) if len(reached) and wall > 0 else math.nan
+
+
+def barrier_async_section(table: pd.DataFrame) -> list[str]:
+    """report.md: per env, async's final return against barrier's 95% CI (the same env steps),
+    and the wall-clock ratio of reaching barrier's final return (`reach_ratio`)."""
+    rows = []
+    for env in sorted(table["env"].unique()):
+        part = table[table["env"] == env].sort_values("checkpoint")
+        barrier, asynchronous = part[part["mode"] == "barrier"], part[part["mode"] == "async"]
+        if barrier.empty or asynchronous.empty:
+            continue
+        b, a = barrier.iloc[-1], asynchronous.iloc[-1]
+        inside = "-" if not math.isfinite(b["ci_low"]) else ("yes" if b["ci_low"] <= a["mean"] <= b["ci_high"] else
+                                                              ("above" if a["mean"] > b["ci_high"] else "below"))
+        ratio = reach_ratio(barrier, asynchronous)
+        rows.append([env, _cell(b), _cell(a), inside, _fmt(ratio) if math.isfinite(ratio) else "not reached"])
+    if not rows:
+        return []
+    return ["## Barrier vs async", "",
+            "Final evaluations; 'in barrier's CI': async's mean against barrier's 95% bootstrap CI at the same env "
+            "steps; 'wall to barrier's final': async's mean wall-clock to its first checkpoint at or above barrier's "
+            "final mean return, over barrier's mean wall-clock (return_vs_wall_clock.png).", "",
+            *_markdown(["env", "barrier", "async", "async in barrier's CI", "wall to barrier's final"], rows), ""]
+
+
 def aggregate_section(agg: Mapping[str, Any], references: Mapping[str, float]) -> list[str]:
     """report.md: IQM per mode and P(async > barrier), with how they were computed."""
     import importlib.metadata
@@ -798,7 +831,7 @@ def report(out: str | os.PathLike, references_path: str = REFERENCES_PATH) -> st
     lines = ["# Benchmark report", "",
              f"{len(envs)} envs ({', '.join(envs)}) x modes {', '.join(modes)} x {df['seed'].nunique()} seeds; "
              f"{len(df)} evaluations of the deterministic policy in {RESULTS_FILE} (`ppo_async.study.benchmark`).", "",
-             *final_section(table, refs), *aggregate_section(agg, norm), *checkpoints_section(table),
+             *final_section(table, refs), *barrier_async_section(table), *aggregate_section(agg, norm), *checkpoints_section(table),
              "## Plots", "", *[f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots if p], "",
              "## References", "", *[f"- {r['env']}: {_fmt(r['value'])} ({r['source']}, {r['implementation']}, "
                                     f"{r['version']}, {r['env_id']}, {_fmt(r['env_steps'])} steps, {r['seeds']} seed(s), "
