@@ -26,7 +26,8 @@ timing).
 Report: per env, mode and checkpoint the mean deterministic return over seeds, its 95%
 percentile-bootstrap CI and the worst seed; learning curves with the reference figures
 (references.json, next to this module) as marks at their budget; return vs wall-clock for
-barrier vs async; and across envs the IQM and the probability of improvement of async over
+barrier vs async, with async's final return against barrier's CI and its wall-clock to reach
+barrier's final return (`reach_ratio`); and across envs the IQM and the probability of improvement of async over
 barrier (Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice", computed with
 `rliable.metrics`) with stratified-bootstrap 95% CIs, on scores normalised per env by its
 reference: 1 + (score - ref) / |ref|.
@@ -731,6 +732,7 @@ def _markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]
 def final_section(table: pd.DataFrame, references: Sequence[Mapping[str, Any]]) -> list[str]:
     """report.md: the final evaluation per env x mode, with train return, wall-clock and references."""
     final = table.loc[table.groupby(["env", "mode"])["checkpoint"].idxmax()]
+    final = final.assign(order=final["mode"].map(list(MODES).index)).sort_values(["env", "order"])
     rows = []
     for _, row in final.iterrows():
         refs = "; ".join(f"{r['source']}: {_fmt(r['value'])}" + (f" ± {_fmt(r['std'])}" if r.get("std") else "")
