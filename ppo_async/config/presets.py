@@ -31,12 +31,21 @@ _PHYSICS = {
 ENV_PRESETS: dict[str, dict[str, Any]] = {
     "brax/": dict(_PHYSICS),
     "playground/": {**_PHYSICS, "ppo.gamma": 0.995},
+    # MuJoCo on host threads at the reference implementations' setting (CleanRL's
+    # ppo_continuous_action, SB3's VecNormalize): a 2,048-step learner batch (one 16 x 128
+    # chunk), 10 epochs x 32 minibatches of 64, rewards normalised by the running std of the
+    # discounted return, value clipping at 0.2 (issue 26). Its figures are the benchmark's:
+    # `python -m ppo_async benchmark --suite mujoco`.
     "gymnasium/": {
         "ppo.gamma": 0.99,
-        "ppo.num_epochs": 4,
-        "ppo.num_minibatches": 8,
+        "ppo.num_epochs": 10,
+        "ppo.num_minibatches": 32,
         "ppo.learning_rate": 3e-4,
-        "rollout.num_steps": 64,
+        "ppo.value_clip_eps": 0.2,
+        "rollout.num_envs": 16,
+        "rollout.num_steps": 128,
+        "rollout.normalize_reward": True,
+        "rollout.reward_scale": 1.0,
     },
 }
 
