@@ -35,6 +35,7 @@ import numpy as np
 import tyro
 
 import ppo_async as pa
+from ppo_async.config import parse_assignments
 from ppo_async.report import analysis
 from ppo_async.study.manifest import Manifest, default_out
 
@@ -64,13 +65,6 @@ class Args:
     """Name of the results folder under runs/experiments/learning_curves/ENV/."""
     out: str | None = None
     """Output folder (overrides the tag-based default)."""
-
-
-def parse_value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def steps_to_threshold(df, threshold: float) -> dict[int, int | None]:
@@ -107,9 +101,7 @@ def plot_curves(df, threshold: float, title: str, path: str) -> None:
 
 def main(args: Args) -> dict:
     changes = {"num_seeds": args.num_seeds, "seed": args.seed, "total_env_steps": args.total_env_steps}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        changes[key] = parse_value(value)
+    changes.update(parse_assignments(args.set))
     config = pa.config_for_env(args.env, changes)
     threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLDS.get(args.env)
     if threshold is None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 
 import ppo_async as pa
+from ppo_async.config import parse_assignments
 from ppo_async.config import ConfigError
 from ppo_async.study import benchmark as bm
 
@@ -86,6 +88,21 @@ def test_other_arguments_on_the_same_out_are_refused(tiny):
         pa.benchmark(out=out, **{**TINY, "total_env_steps": 4096})
 
 
+def test_more_seeds_extend_a_benchmark_without_rerunning_its_runs(tiny, tmp_path):
+    out = tmp_path / "more"
+    shutil.copytree(tiny[0], out)
+    before = {run: metrics_mtime(out, *run) for run in RUNS}
+    calls = []
+    df = pa.benchmark(out=out, on_run=lambda *a: calls.append(a), **{**TINY, "seeds": 3})
+    assert [how for *_, how in calls] == ["skipped"] * 4 + ["fresh"] * 2  # seed 2 of both envs is new
+    assert {run: metrics_mtime(out, *run) for run in RUNS} == before
+    assert sorted(set(df["seed"])) == [0, 1, 2]
+    with open(os.path.join(out, "benchmark.json"), encoding="utf-8") as f:
+        assert json.load(f)["seeds"] == 3
+    with pytest.raises(ConfigError, match=r"seeds=3 \(now 2\)"):  # fewer seeds than recorded: other arguments
+        pa.benchmark(out=out, **TINY)
+
+
 def test_report_only_from_results_csv(tiny, cli_main, tmp_path):
     out = tmp_path / "copy"
     out.mkdir()
@@ -145,6 +162,8 @@ def test_reach_ratio_by_hand():
     (dict(suite="classic", modes=["fast"]), "modes: 'fast' is not a benchmark mode (sync, barrier, async)"),
     (dict(suite="classic", envs=["Pong"]), "envs: 'Pong' is not in suite 'classic'"),
     (dict(suite="classic", seeds=0), "seeds = 0 is invalid: must be an integer >= 1"),
+    (dict(suite="classic", changes={"seed": 3}), "seed is set by the benchmark itself"),
+    (dict(suite="classic", changes={"ppo.gama": 0.9}), "unknown config field 'ppo.gama'"),
 ])
 def test_bad_arguments_are_one_line_errors(kwargs, message):
     with pytest.raises(ConfigError) as info:
@@ -161,6 +180,17 @@ def test_plan_defaults_and_run_configs():
     assert (config.mode, config.threaded.num_samplers, config.seed, config.ppo) == ("threaded", 4, 3, preset.ppo)
     assert config.eval_every == round(100_000 / config.batch_size) and config.checkpoint_every == 0  # not resumable
     assert bm.checkpoint_of(config.num_iterations, config.eval_every, config.num_iterations, 100_000, 1_000_000) == 1_000_000
+
+
+def test_an_ablation_sets_its_fields_over_the_preset_and_the_mode():
+    plan = bm.resolve_plan("mujoco", envs=["gymnasium/Hopper-v5"], modes=["barrier"],
+                           changes=parse_assignments(["rollout.normalize_reward=false", "ppo.num_epochs=4"]))
+    assert plan.changes == (("ppo.num_epochs", 4), ("rollout.normalize_reward", False))
+    config = bm.run_config(plan, "gymnasium/Hopper-v5", "barrier", 0, None)
+    preset = pa.config_for_env("gymnasium/Hopper-v5", {"mode": "threaded"})
+    assert (config.ppo.num_epochs, config.rollout.normalize_reward) == (4, False)
+    assert (config.ppo.num_minibatches, config.threaded.barrier) == (preset.ppo.num_minibatches, True)  # the rest stays
+    assert bm.plan_spec(plan)["changes"] == [["ppo.num_epochs", 4], ["rollout.normalize_reward", False]]
 
 
 def test_cli_errors_and_help(cli_main):

@@ -368,3 +368,14 @@ def test_replace_path_errors():
         pa.replace_path(config, "nosection.clip_eps", 1)
     with pytest.raises(ConfigError):
         pa.replace_path(config, "ppo.clip_eps.deeper", 1)
+
+
+def test_parse_assignments_reads_json_values_and_names_a_bad_item():
+    from ppo_async.config import parse_assignments
+
+    assert parse_assignments(["ppo.gamma=0.99", "network.actor_hidden=[8, 4]", "rollout.normalize_reward=true",
+                              "env=gymnasium/Hopper-v5", "lag.max_lag=null"]) == {
+        "ppo.gamma": 0.99, "network.actor_hidden": [8, 4], "rollout.normalize_reward": True,
+        "env": "gymnasium/Hopper-v5", "lag.max_lag": None}
+    with pytest.raises(ConfigError, match=r"'ppo.gamma' is not a dotted.field=value assignment"):
+        parse_assignments(["ppo.gamma"])

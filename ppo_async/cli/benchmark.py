@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 import tyro
 
+from ppo_async.config import parse_assignments
 from ppo_async.study.benchmark import benchmark, report
 
 ModeChoice = Literal["sync", "barrier", "async"]
@@ -38,6 +39,8 @@ class BenchmarkCommand:
     """Env steps between evaluations of the deterministic policy."""
     eval_episodes: Annotated[int, tyro.conf.arg(metavar="N")] = 10
     """Episodes per evaluation."""
+    set: Annotated[tuple[str, ...], tyro.conf.arg(metavar="FIELD=VALUE")] = ()
+    """Config fields set over every run's preset, as dotted.field=value (JSON values), all after one --set (an ablation)."""
     report_only: bool = False
     """Only write report.md and the plots again from DIR/results.csv."""
     quiet: bool = False
@@ -50,6 +53,6 @@ class BenchmarkCommand:
             return 0
         benchmark(self.suite, seeds=self.seeds, out=self.out, envs=self.envs, total_env_steps=self.total_env_steps,
                   modes=self.modes, eval_every_steps=self.eval_every_steps, eval_episodes=self.eval_episodes,
-                  progress=not self.quiet)
+                  progress=not self.quiet, changes=parse_assignments(self.set))
         print(f"benchmark done: {os.path.join(self.out, 'report.md')}", flush=True)
         return 0

@@ -8,7 +8,14 @@ here imports JAX.
 """
 
 from ppo_async.config.checks import check_field_types
-from ppo_async.config.paths import config_from_dict, config_to_dict, get_path, replace_path, replace_paths
+from ppo_async.config.paths import (
+    config_from_dict,
+    config_to_dict,
+    get_path,
+    parse_assignments,
+    replace_path,
+    replace_paths,
+)
 from ppo_async.config.sections import (
     ACTIVATIONS,
     ADVANTAGE_ESTIMATORS,
@@ -78,6 +85,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "get_path",
+    "parse_assignments",
     "replace_path",
     "replace_paths",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ppo_async.config.sections import (
     Config,
@@ -86,3 +86,20 @@ def replace_paths(config: Config, changes: Mapping[str, Any]) -> Config:
             raise ConfigError(f"unknown config field {path!r}")
         node[parts[-1]] = value
     return config_from_dict(data)
+
+
+def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
+    """`["ppo.gamma=0.99", "network.actor_hidden=[64, 64]", "env=Pendulum-v1"]` -> dotted field ->
+    value, each value read as JSON when it parses (numbers, booleans, lists, null) and as the
+    string otherwise. ConfigError for an item without `=` or with an empty name (the fields
+    themselves are checked when the config is built)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"{item!r} is not a dotted.field=value assignment")
+        try:
+            out[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key.strip()] = text
+    return out

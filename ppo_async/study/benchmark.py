@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 
-from ppo_async.config import Config, ConfigError, config_to_dict
+from ppo_async.config import Config, ConfigError, config_to_dict, get_path
 from ppo_async.config.presets import config_for_env
 from ppo_async.envs.registry import HOST_ENV_FAMILIES, split_env_name
 from ppo_async.modes.registry import get_mode
@@ -116,6 +116,7 @@ class Plan(NamedTuple):
     total_env_steps: int
     eval_every_steps: int
     eval_episodes: int
+    changes: tuple[tuple[str, Any], ...] = ()  # dotted config fields set over every run's preset (an ablation)
 
 
 # ---------------------------------------------------------------------------- plan
@@ -163,7 +164,7 @@ def _pick_modes(envs: Sequence[str], modes: Sequence[str] | None) -> tuple[str, 
 
 def resolve_plan(suite: str, envs: Sequence[str] | None = None, modes: Sequence[str] | None = None, seeds: int = 5,
                  total_env_steps: int | None = None, eval_every_steps: int | None = None,
-                 eval_episodes: int = 10) -> Plan:
+                 eval_episodes: int = 10, changes: Mapping[str, Any] | None = None) -> Plan:
     """The checked arguments of `benchmark` with the suite's defaults filled in; ConfigError (one
     line) for an unknown suite, env or mode, a mode outside an env family's limits, bad numbers."""
     if suite not in SUITES:
@@ -173,7 +174,22 @@ def resolve_plan(suite: str, envs: Sequence[str] | None = None, modes: Sequence[
     every = SUITES[suite].eval_every_steps if eval_every_steps is None else eval_every_steps
     return Plan(suite, picked, _pick_modes(picked, modes), _check_count("seeds", seeds, 1),
                 _check_count("total_env_steps", total, 1), _check_count("eval_every_steps", every, 1),
-                _check_count("eval_episodes", eval_episodes, 1))
+                _check_count("eval_episodes", eval_episodes, 1), _check_changes(changes))
+
+
+_RUN_FIELDS = ("env", "mode", "seed", "total_env_steps", "run_dir", "num_seeds")
+
+
+def _check_changes(changes: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    """The dotted fields an ablation sets over the presets, sorted; ConfigError for one the
+    benchmark sets itself (env, mode, seed, budget, run directory) or a field that does not exist."""
+    changes = dict(changes or {})
+    taken = sorted(set(changes) & set(_RUN_FIELDS))
+    if taken:
+        raise ConfigError(f"changes = {changes!r} is invalid: {', '.join(taken)} is set by the benchmark itself")
+    for path in changes:
+        get_path(Config(), path)
+    return tuple(sorted(changes.items()))
 
 
 def eval_iterations(eval_every_steps: int, batch_size: int) -> int:
@@ -190,7 +206,8 @@ def run_config(plan: Plan, env: str, mode: str, seed: int, run_dir: str | None) 
     """The config of one run: the env's preset, the mode's fields, seed, budget, run_dir; then
     evaluation every `eval_every_steps` (whole iterations) and a checkpoint at each evaluation
     for the modes that can resume."""
-    changes = {**MODES[mode], "seed": seed, "total_env_steps": plan.total_env_steps, "run_dir": run_dir}
+    changes = {**MODES[mode], **dict(plan.changes), "seed": seed, "total_env_steps": plan.total_env_steps,
+               "run_dir": run_dir}
     config = config_for_env(env, changes)
     every = eval_iterations(plan.eval_every_steps, config.batch_size)
     checkpoint_every = every if run_dir is not None and get_mode(config.mode).resumable else 0
@@ -213,14 +230,16 @@ def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def check_spec(out: str, spec: Mapping[str, Any]) -> None:
     """Writes OUT/benchmark.json, or checks the one there: other arguments or configs on the same
-    OUT are a ConfigError naming what differs (results are never silently mixed)."""
+    OUT are a ConfigError naming what differs (results are never silently mixed). More seeds
+    than before extend the benchmark (its finished runs are kept; benchmark.json is rewritten)."""
     path = os.path.join(out, SPEC_FILE)
     if not os.path.isfile(path):
         write_json(path, dict(spec))
         return
     with open(path, encoding="utf-8") as f:
         first = json.load(f)
-    args = [k for k in Plan._fields if first.get(k) != spec.get(k)]
+    grows = isinstance(first.get("seeds"), int) and spec.get("seeds", 0) > first["seeds"]
+    args = [k for k in Plan._fields if first.get(k) != spec.get(k) and not (k == "seeds" and grows)]
     if args:
         said = ", ".join(f"{k}={first.get(k)!r} (now {spec.get(k)!r})" for k in args)
         raise ConfigError(f"out = {out!r} holds a benchmark with other arguments: {said}; use another out or the same arguments")
@@ -228,6 +247,8 @@ def check_spec(out: str, spec: Mapping[str, Any]) -> None:
     if fields:
         raise ConfigError(f"out = {out!r} holds a benchmark whose configs differ from today's (presets changed?): "
                           f"{', '.join(fields[:5])}; use another out")
+    if grows:
+        write_json(path, dict(spec))
 
 
 # ---------------------------------------------------------------------------- results rows
@@ -450,6 +471,7 @@ def benchmark(
     progress: bool = True,
     on_run: Callable[[str, str, int, str], None] | None = None,
     argv: Sequence[str] | None = None,
+    changes: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
     """Runs (or resumes) a benchmark suite into `out` and writes its report; returns results.csv
     as a DataFrame.
@@ -468,11 +490,13 @@ def benchmark(
       on_run: called as `on_run(env, mode, seed, how)` after each run is done (how: "skipped",
         "rows rebuilt", "completed", "fresh", "resumed"); an exception there stops the benchmark.
       argv: the command line recorded in manifest.json (default `sys.argv`).
+      changes: dotted config fields set over every run's preset and mode (an ablation, e.g.
+        `{"rollout.normalize_reward": False}`); recorded in benchmark.json.
 
     Raises:
       ConfigError: bad arguments (`resolve_plan`), or an out directory of other arguments/configs.
     """
-    plan = resolve_plan(suite, envs, modes, seeds, total_env_steps, eval_every_steps, eval_episodes)
+    plan = resolve_plan(suite, envs, modes, seeds, total_env_steps, eval_every_steps, eval_episodes, changes)
     require_rliable()  # before hours of runs, not at the report
     out = os.fspath(out)
     os.makedirs(out, exist_ok=True)

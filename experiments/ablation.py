@@ -1,0 +1,155 @@
+"""Why did ppo_async learn below the reference PPOs on MuJoCo? One factor at a time (issue 26 item 2).
+
+    python experiments/ablation.py                                   # every variant, HalfCheetah + Hopper, 3 seeds, 1M
+    python experiments/ablation.py --variants old old+reward_norm    # some of them (each resumes where it stopped)
+    python experiments/ablation.py --summarise-only --out DIR        # the table again from DIR/*/results.csv
+    python experiments/ablation.py --out experiments/results/ablation   # publish
+
+Every variant is a `pa.benchmark` run (suite mujoco, mode barrier: one sampler, so lag plays no
+part; the deterministic policy evaluated every 100k env steps over 10 episodes) of the env's
+preset with the variant's fields set over it, into OUT/<variant>/ (results.csv, report.md,
+manifest.json; resumable: finished runs are not run again). Two families of variants:
+
+- `old` is the gymnasium preset before issue 26 (4 epochs x 8 minibatches of a 16 x 64 batch,
+  rewards scaled by 0.1, no value clipping); `old+<factor>` adds one factor of today's preset
+  to it: one factor at a time from the preset the issue measured.
+- `preset` is today's preset (`ppo_async.config.presets`, the reference implementations'
+  setting); `preset-<factor>` / `preset+<factor>` removes one of its factors or adds one it
+  does not have (bounded mean, wider networks, another log-std init, no annealing, other
+  gamma / lambda).
+
+The summary (OUT/summary.txt, OUT/table.csv) gives per variant and env the mean final training
+return (stochastic policy, episode-weighted over the last 10% of iterations, as CleanRL reports)
+and final deterministic evaluation, the seeds' spread and worst seed, and the ratio to CleanRL's
+published figure (`ppo_async/study/references.json`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+import tyro
+
+import ppo_async as pa
+from ppo_async.study.benchmark import load_references
+from ppo_async.study.manifest import Manifest, default_out, write_summary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+OLD = {"ppo.num_epochs": 4, "ppo.num_minibatches": 8, "rollout.num_steps": 64, "rollout.normalize_reward": False,
+       "rollout.reward_scale": 0.1, "ppo.value_clip_eps": None}
+"""The gymnasium preset before issue 26, as fields over today's (gamma 0.99, lr 3e-4 and 16 envs are in both)."""
+
+VARIANTS: dict[str, dict] = {
+    "preset": {},
+    "old": OLD,
+    "old+reward_norm": {**OLD, "rollout.normalize_reward": True, "rollout.reward_scale": 1.0},
+    "old+batch_2048": {**OLD, "rollout.num_steps": 128},
+    "old+epochs_10x32": {**OLD, "ppo.num_epochs": 10, "ppo.num_minibatches": 32},
+    "old+value_clip": {**OLD, "ppo.value_clip_eps": 0.2},
+    "preset-reward_norm": {"rollout.normalize_reward": False, "rollout.reward_scale": 0.1},
+    "preset-value_clip": {"ppo.value_clip_eps": None},
+    "preset-anneal_lr": {"ppo.anneal_lr": False},
+    "preset+bounded_mean": {"network.bounded_mean": True},
+    "preset+log_std_-0.5": {"network.init_log_std": -0.5},
+    "preset+width_256": {"network.actor_hidden": [256, 256], "network.critic_hidden": [256, 256]},
+    "preset+gamma_0.995": {"ppo.gamma": 0.995},
+    "preset+lambda_0.9": {"ppo.gae_lambda": 0.9},
+}
+"""Variant name -> dotted config fields set over the env's preset (mode barrier)."""
+
+
+@dataclasses.dataclass
+class Args:
+    variants: tuple[str, ...] = tuple(VARIANTS)
+    """Variants to run, in this order (names of VARIANTS)."""
+    envs: tuple[str, ...] = ("gymnasium/HalfCheetah-v5", "gymnasium/Hopper-v5")
+    """Envs (of the mujoco suite)."""
+    seeds: int = 3
+    """Seeds per variant and env."""
+    total_env_steps: int = 1_000_000
+    """Env steps per run."""
+    out: str | None = None
+    """Output folder (default runs/experiments/ablation; publish with --out experiments/results/ablation)."""
+    summarise_only: bool = False
+    """Only write summary.txt and table.csv again from OUT/*/results.csv."""
+
+
+def final_rows(out: str) -> pd.DataFrame:
+    """The final rows of every variant's results.csv under `out`, with a `variant` column."""
+    frames = []
+    for name in VARIANTS:
+        path = os.path.join(out, name, "results.csv")
+        if os.path.isfile(path):
+            df = pd.read_csv(path)
+            frames.append(df[df["final"] == 1].assign(variant=name))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def variant_table(finals: pd.DataFrame, references: dict[str, float]) -> pd.DataFrame:
+    """Per variant x env: seeds, mean / std / worst of the final training return, mean final
+    evaluation, and the mean training return over the reference (pure)."""
+    rows = []
+    for (variant, env), group in finals.groupby(["variant", "env"], sort=False):
+        train, evals = group["train_return"].to_numpy(float), group["eval_return"].to_numpy(float)
+        reference = references.get(env, np.nan)
+        rows.append({"variant": variant, "env": env, "seeds": len(group), "train_mean": train.mean(),
+                     "train_std": train.std(ddof=1) if len(train) > 1 else np.nan, "train_worst": train.min(),
+                     "eval_mean": evals.mean(), "eval_worst": evals.min(), "vs_cleanrl": train.mean() / reference})
+    return pd.DataFrame(rows)
+
+
+def cleanrl_references() -> dict[str, float]:
+    """CleanRL's published ppo_continuous_action means at 1M steps, keyed by our env names."""
+    out = {}
+    for ref in load_references():
+        if ref["implementation"].lower().startswith("cleanrl") and ref.get("env_steps") == 1_000_000:
+            out.setdefault(ref["env"], float(ref["value"]))
+    return out
+
+
+def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
+    lines = ["ablation (issue 26 item 2): barrier mode, final rows of each run; train = mean training return over the",
+             "last 10% of iterations (stochastic policy), eval = deterministic policy over 10 episodes; vs_cleanrl =",
+             "train_mean / CleanRL's published mean at 1M steps (MuJoCo v4 there, v5 here)", ""]
+    if table.empty:
+        return lines + ["(no finished runs yet)"]
+    fmt = table.copy()
+    for column in ("train_mean", "train_std", "train_worst", "eval_mean", "eval_worst"):
+        fmt[column] = fmt[column].map(lambda v: "-" if np.isnan(v) else f"{v:,.0f}")
+    fmt["vs_cleanrl"] = fmt["vs_cleanrl"].map(lambda v: "-" if np.isnan(v) else f"{v:.2f}x")
+    lines.append(fmt.to_string(index=False))
+    lines += ["", f"variants: {', '.join(f'{k} = {v}' for k, v in VARIANTS.items() if k in set(table['variant']))}",
+              f"(python experiments/ablation.py {' '.join(sys.argv[1:])})"]
+    return lines
+
+
+def summarise(out: str, args: Args) -> pd.DataFrame:
+    table = variant_table(final_rows(out), cleanrl_references())
+    table.to_csv(os.path.join(out, "table.csv"), index=False)
+    write_summary(out, summary_lines(table, args))
+    return table
+
+
+def main(args: Args) -> None:
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"error: --variants: {unknown[0]!r} is not a variant ({', '.join(VARIANTS)})")
+    out = args.out or default_out("ablation", REPO)
+    with Manifest(out):
+        if not args.summarise_only:
+            for name in args.variants:
+                print(f"== ablation variant {name}: {VARIANTS[name] or 'the preset as it is'}", flush=True)
+                pa.benchmark("mujoco", seeds=args.seeds, out=os.path.join(out, name), envs=args.envs,
+                             total_env_steps=args.total_env_steps, modes=["barrier"], changes=VARIANTS[name])
+                summarise(out, args)
+        summarise(out, args)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
