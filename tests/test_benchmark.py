@@ -103,6 +103,23 @@ def test_more_seeds_extend_a_benchmark_without_rerunning_its_runs(tiny, tmp_path
         pa.benchmark(out=out, **TINY)
 
 
+def test_an_out_without_its_runs_is_published_from_the_runs_elsewhere(tiny, tmp_path):
+    """OUT holding only results.csv and benchmark.json, the run directories elsewhere (--runs-dir):
+    every run is skipped, nothing is trained, and OUT gets the report and a manifest naming only
+    its own files, ready to commit."""
+    out = tmp_path / "published"
+    out.mkdir()
+    for name in ("results.csv", "benchmark.json"):
+        shutil.copy(os.path.join(tiny[0], name), out / name)
+    calls = []
+    pa.benchmark(out=out, on_run=lambda *a: calls.append(a), runs_dir=os.path.join(tiny[0], "runs"), **TINY)
+    assert [how for *_, how in calls] == ["skipped"] * 4
+    assert not (out / "runs").exists() and (out / "report.md").is_file()
+    with open(out / "manifest.json", encoding="utf-8") as f:
+        manifest = json.load(f)
+    assert manifest["completed"] is True and not [f for f in manifest["files_written"] if f.startswith("runs")]
+
+
 def test_report_only_from_results_csv(tiny, cli_main, tmp_path):
     out = tmp_path / "copy"
     out.mkdir()

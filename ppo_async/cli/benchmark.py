@@ -41,6 +41,8 @@ class BenchmarkCommand:
     """Episodes per evaluation."""
     set: Annotated[tuple[str, ...], tyro.conf.arg(metavar="FIELD=VALUE")] = ()
     """Config fields set over every run's preset, as dotted.field=value (JSON values), all after one --set (an ablation)."""
+    runs_dir: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: OUT/runs)")] = None
+    """Where the run directories go; outside --out, the out directory holds only results, report and manifest."""
     report_only: bool = False
     """Only write report.md and the plots again from DIR/results.csv."""
     quiet: bool = False
@@ -53,6 +55,6 @@ class BenchmarkCommand:
             return 0
         benchmark(self.suite, seeds=self.seeds, out=self.out, envs=self.envs, total_env_steps=self.total_env_steps,
                   modes=self.modes, eval_every_steps=self.eval_every_steps, eval_episodes=self.eval_episodes,
-                  progress=not self.quiet, changes=parse_assignments(self.set))
+                  progress=not self.quiet, changes=parse_assignments(self.set), runs_dir=self.runs_dir)
         print(f"benchmark done: {os.path.join(self.out, 'report.md')}", flush=True)
         return 0

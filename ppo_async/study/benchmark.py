@@ -197,9 +197,9 @@ def eval_iterations(eval_every_steps: int, batch_size: int) -> int:
     return max(1, int(round(eval_every_steps / batch_size)))
 
 
-def run_dir_of(out: str, env: str, mode: str, seed: int) -> str:
-    """OUT/runs/<env, '/' as '_'>/<mode>/seed<k>."""
-    return os.path.join(out, "runs", env.replace("/", "_"), mode, f"seed{seed}")
+def run_dir_of(out: str, env: str, mode: str, seed: int, runs_dir: str | None = None) -> str:
+    """RUNS/<env, '/' as '_'>/<mode>/seed<k>, RUNS = `runs_dir` or OUT/runs."""
+    return os.path.join(runs_dir or os.path.join(out, "runs"), env.replace("/", "_"), mode, f"seed{seed}")
 
 
 def run_config(plan: Plan, env: str, mode: str, seed: int, run_dir: str | None) -> Config:
@@ -436,10 +436,11 @@ def train_run(config: Config, progress: bool) -> str:
     return "resumed" if resume else "fresh"
 
 
-def finish_run(out: str, plan: Plan, env: str, mode: str, seed: int, done: set, progress: bool) -> str:
+def finish_run(out: str, plan: Plan, env: str, mode: str, seed: int, done: set, progress: bool,
+               runs_dir: str | None = None) -> str:
     """One run of the benchmark, brought to "done" (rows in results.csv, done marker written).
     Returns what it took: "skipped", "rows rebuilt", "fresh", "resumed" or "completed"."""
-    run_dir = run_dir_of(out, env, mode, seed)
+    run_dir = run_dir_of(out, env, mode, seed, runs_dir)
     config = run_config(plan, env, mode, seed, run_dir)
     marker = os.path.join(run_dir, DONE_FILE)
     if (env, mode, seed) in done:
@@ -472,6 +473,7 @@ def benchmark(
     on_run: Callable[[str, str, int, str], None] | None = None,
     argv: Sequence[str] | None = None,
     changes: Mapping[str, Any] | None = None,
+    runs_dir: str | os.PathLike | None = None,
 ) -> pd.DataFrame:
     """Runs (or resumes) a benchmark suite into `out` and writes its report; returns results.csv
     as a DataFrame.
@@ -490,6 +492,8 @@ def benchmark(
       on_run: called as `on_run(env, mode, seed, how)` after each run is done (how: "skipped",
         "rows rebuilt", "completed", "fresh", "resumed"); an exception there stops the benchmark.
       argv: the command line recorded in manifest.json (default `sys.argv`).
+      runs_dir: where the run directories go (default OUT/runs); elsewhere (e.g. a git-ignored
+        folder) OUT holds only the results, report and manifest, ready to publish.
       changes: dotted config fields set over every run's preset and mode (an ablation, e.g.
         `{"rollout.normalize_reward": False}`); recorded in benchmark.json.
 
@@ -509,7 +513,8 @@ def benchmark(
                 for mode in plan.modes:
                     if progress:
                         print(f"benchmark {env} {mode} seed {seed}", flush=True)
-                    how = finish_run(out, plan, env, mode, seed, done, progress)
+                    how = finish_run(out, plan, env, mode, seed, done, progress,
+                                     None if runs_dir is None else os.fspath(runs_dir))
                     counts[how] = counts.get(how, 0) + 1
                     if on_run is not None:
                         on_run(env, mode, seed, how)
