@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-FULL_POLICIES = ("overwrite_oldest", "block")
+from ppo_async.config import FULL_POLICIES  # the allowed values, written once as config's Literal
 
 
 class ChunkTag(NamedTuple):
