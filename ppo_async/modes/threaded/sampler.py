@@ -145,13 +145,16 @@ class Sampler:
         stats.produced += chunk_size
         stats.discarded += chunk_size
         stats.forced_refreshes += 1
+        self._take_latest()
+
+    def _take_latest(self) -> None:
+        """The store's latest params if newer than the sampler's; the refresh clock restarts."""
         self.snapshot = self.shared.store.get_if_newer(self.version, self.device) or self.snapshot
         self.version, self.last_refresh = int(self.snapshot.version), time.perf_counter()
 
     def _pull(self, t0: float) -> None:
         """Takes the latest params (if newer) as a refresh begun at `t0`."""
-        self.snapshot = self.shared.store.get_if_newer(self.version, self.device) or self.snapshot
-        self.version, self.last_refresh = int(self.snapshot.version), time.perf_counter()
+        self._take_latest()
         self.stats.refreshes += 1
         self.stats.wait_params_s += self.last_refresh - t0
 
