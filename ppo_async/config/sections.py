@@ -413,7 +413,7 @@ class DistributedConfig:
     coordinator_address: str | None = None
     """host:port of process 0's coordination service (every process passes the same)."""
     heartbeat_timeout_s: int = 10
-    """Seconds without a heartbeat after which JAX's coordination service declares a process dead."""
+    """Seconds without a heartbeat after which a process counts as dead: its peers name it and stop after half of this (ppo_async's watch); JAX's coordination service, the backstop, declares it dead 10 s later."""
     initialization_timeout_s: int = 120
     """Seconds every process waits for all the others to join (and process 0's run directory)."""
     cluster: ClusterName = "none"

@@ -109,7 +109,8 @@ def initialize(d: DistributedConfig) -> DistributedConfig:
     try:
         jax.distributed.initialize(  # JAX's own limit later than the watchdog's: it aborts (SIGABRT) at its limit
             coordinator_address=d.coordinator_address, num_processes=d.num_processes, process_id=d.process_id,
-            initialization_timeout=d.initialization_timeout_s + JOIN_GRACE_S, heartbeat_timeout_seconds=d.heartbeat_timeout_s,
+            initialization_timeout=d.initialization_timeout_s + JOIN_GRACE_S,
+            heartbeat_timeout_seconds=d.heartbeat_timeout_s + HEARTBEAT_GRACE_S,
         )
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(
@@ -126,6 +127,11 @@ def initialize(d: DistributedConfig) -> DistributedConfig:
 
 
 JOIN_GRACE_S = 10  # JAX's join limit is this much past `initialization_timeout_s`: the watchdog speaks first
+# JAX's heartbeat limit is this much past `heartbeat_timeout_s`: our watch names a dead peer (at half
+# of it) and the survivors leave cleanly before JAX's service would abort them with its own fatal
+# message (it may declare a peer dead sooner than its limit after the kill: the limit counts from
+# the peer's last heartbeat, sent up to a heartbeat period earlier)
+HEARTBEAT_GRACE_S = 10
 JOIN_TIMEOUT_EXIT = 2  # the exit status of a process whose peers did not join in time (a configuration error)
 
 
@@ -209,7 +215,8 @@ def leave_after_failure(message: str, report: bool = True, client: Any = None, j
             beats = {int(k.rpartition("/")[2]): v for k, v in client.key_value_dir_get(prefix + "alive/")}
             silent = watch.update(beats, time.monotonic())
             if all(p in gone or p in silent for p in range(1, d.num_processes)):
-                time.sleep(LEAVE_GRACE_S)
+                if any(p in gone for p in range(1, d.num_processes)):
+                    time.sleep(LEAVE_GRACE_S)  # time to exit for those that ended (the silent are gone)
                 return
             time.sleep(POLL_S)
     except Exception:  # noqa: BLE001 - the service is gone: nobody left to tell
