@@ -220,3 +220,22 @@ def test_cli_errors_and_help(cli_main):
     for option in ("--suite NAME", "--envs NAME", "--total-env-steps N", "--modes MODE", "--eval-every-steps N",
                    "--eval-episodes N", "--report-only"):
         assert option in proc.stdout, option
+
+
+def test_added_modes_or_envs_extend_a_benchmark_whose_recorded_configs_are_unchanged(tmp_path):
+    """check_spec: a call naming every recorded mode (env) and more extends OUT (benchmark.json
+    rewritten); one whose recorded env x mode has another config, or that drops one, is refused."""
+    plan = bm.resolve_plan("classic", envs=["Pendulum-v1"], modes=["sync"], seeds=2, total_env_steps=2048)
+    first = bm.plan_spec(plan)
+    bm.check_spec(str(tmp_path), first)
+    wider = bm.plan_spec(plan._replace(modes=("sync", "barrier")))
+    assert set(wider["configs"]) == {"Pendulum-v1 sync", "Pendulum-v1 barrier"}
+    bm.check_spec(str(tmp_path), wider)
+    with open(tmp_path / "benchmark.json", encoding="utf-8") as f:
+        assert json.load(f)["modes"] == ["sync", "barrier"]
+    with pytest.raises(ConfigError, match=r"modes=\['sync', 'barrier'\] \(now \['sync'\]\)"):
+        bm.check_spec(str(tmp_path), first)  # a mode dropped: other arguments
+    changed = bm.plan_spec(plan._replace(modes=("sync", "barrier"), envs=("Pendulum-v1", "CartPole-v1")))
+    changed["configs"]["Pendulum-v1 barrier"]["ppo"]["clip_eps"] = 0.3
+    with pytest.raises(ConfigError, match=r"configs differ from today's .*Pendulum-v1 barrier\.ppo\.clip_eps"):
+        bm.check_spec(str(tmp_path), changed)

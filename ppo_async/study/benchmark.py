@@ -12,7 +12,7 @@ to whole learner iterations: `Config.eval_every`) and after its last iteration, 
 `eval_episodes` episodes, and appends one row per evaluation to OUT/results.csv (`COLUMNS`).
 
 OUT holds: benchmark.json (the arguments and each env x mode's config: a second call with other
-ones is refused), results.csv, manifest.json (`study.manifest`), report.md and the plots, and
+ones is refused, one with more seeds, envs or modes extends it), results.csv, manifest.json (`study.manifest`), report.md and the plots, and
 runs/<env with / as _>/<mode>/seed<k>/, each a normal run directory plus benchmark_wall.jsonl
 (wall seconds per iteration) and, once its rows are in results.csv, benchmark_done.json.
 
@@ -228,26 +228,40 @@ def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix.rstrip(".")]
 
 
+def _grows(first: Mapping[str, Any], spec: Mapping[str, Any], name: str) -> bool:
+    """Whether argument `name` of `spec` extends the recorded one: more seeds, or envs / modes
+    holding every recorded one and more."""
+    was, now = first.get(name), spec.get(name)
+    if name == "seeds":
+        return isinstance(was, int) and isinstance(now, int) and now > was
+    if name in ("envs", "modes"):
+        return isinstance(was, list) and isinstance(now, list) and set(was) < set(now)
+    return False
+
+
 def check_spec(out: str, spec: Mapping[str, Any]) -> None:
     """Writes OUT/benchmark.json, or checks the one there: other arguments or configs on the same
-    OUT are a ConfigError naming what differs (results are never silently mixed). More seeds
-    than before extend the benchmark (its finished runs are kept; benchmark.json is rewritten)."""
+    OUT are a ConfigError naming what differs (results are never silently mixed). More seeds, or
+    envs / modes added to the recorded ones, extend the benchmark: its finished runs are kept
+    when the configs they were run with are today's, and benchmark.json is rewritten."""
     path = os.path.join(out, SPEC_FILE)
     if not os.path.isfile(path):
         write_json(path, dict(spec))
         return
     with open(path, encoding="utf-8") as f:
         first = json.load(f)
-    grows = isinstance(first.get("seeds"), int) and spec.get("seeds", 0) > first["seeds"]
-    args = [k for k in Plan._fields if first.get(k) != spec.get(k) and not (k == "seeds" and grows)]
+    grown = [k for k in ("seeds", "envs", "modes") if _grows(first, spec, k)]
+    args = [k for k in Plan._fields if first.get(k) != spec.get(k) and k not in grown]
     if args:
         said = ", ".join(f"{k}={first.get(k)!r} (now {spec.get(k)!r})" for k in args)
-        raise ConfigError(f"out = {out!r} holds a benchmark with other arguments: {said}; use another out or the same arguments")
-    fields = _diff_paths(first.get("configs", {}), spec.get("configs", {}))
+        raise ConfigError(f"out = {out!r} holds a benchmark with other arguments: {said}; use another out, the same "
+                          "arguments, or more seeds / envs / modes")
+    recorded = first.get("configs", {})
+    fields = _diff_paths(recorded, {k: v for k, v in spec.get("configs", {}).items() if k in recorded})
     if fields:
         raise ConfigError(f"out = {out!r} holds a benchmark whose configs differ from today's (presets changed?): "
                           f"{', '.join(fields[:5])}; use another out")
-    if grows:
+    if grown:
         write_json(path, dict(spec))
 
 
