@@ -48,6 +48,7 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
         "rollout.reward_scale": 1.0,
     },
 }
+ENV_PRESETS["envpool/"] = ENV_PRESETS["gymnasium/"]  # the same MuJoCo tasks, stepped by EnvPool
 
 
 def preset_for(env: str) -> dict[str, Any]:

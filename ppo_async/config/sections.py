@@ -467,7 +467,7 @@ class Config:
     """One training run: which env, which execution mode, how long, and every section."""
 
     env: str = "Pendulum-v1"
-    """Environment: a gymnax name (Pendulum-v1, CartPole-v1), brax/<name> (brax/inverted_pendulum, needs the [brax] extra), playground/<name> (playground/CartpoleBalance, [playground]) or gymnasium/<id> (gymnasium/HalfCheetah-v5, [gymnasium]; threaded mode only)."""
+    """Environment: a gymnax name (Pendulum-v1, CartPole-v1), brax/<name> (brax/inverted_pendulum, needs the [brax] extra), playground/<name> (playground/CartpoleBalance, [playground]), gymnasium/<id> (gymnasium/HalfCheetah-v5, [gymnasium]; threaded mode only) or envpool/<id> (the same MuJoCo tasks on EnvPool's C++ thread pool: envpool/HalfCheetah-v5, [envpool]; threaded mode only)."""
     mode: ModeName = "sync"
     """Execution mode: sync (strict on-policy), simulated (emulated samplers with a controlled lag schedule) or threaded (real sampler threads; the lag emerges from timing)."""
     seed: int = 0

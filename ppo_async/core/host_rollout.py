@@ -1,8 +1,11 @@
-"""Host-side simulators (Gymnasium) stepped by each sampler thread, producing the same
-`Trajectory` as the jitted rollout.
+"""Host-side simulators (Gymnasium, EnvPool) stepped by each sampler thread, producing the
+same `Trajectory` as the jitted rollout.
 
-A threaded sampler on a `gymnasium/<id>` env owns a `HostVectorEnv`: its own Gymnasium
-vector env (`SyncVectorEnv`, same-step auto-reset), its own seeds and episode accumulators.
+A threaded sampler on a host-side env owns its own vector env, seeds and episode accumulators:
+a `HostVectorEnv` for `gymnasium/<id>` (Gymnasium's `SyncVectorEnv`, same-step auto-reset,
+stepped in Python under the GIL) or an `EnvPoolVectorEnv` for `envpool/<id>` (EnvPool's C++
+thread pool, the GIL released while it steps; same-step auto-reset too). Both have one
+interface; `make_host_env` is the one place that maps a family to its class.
 `HostRollout` is what the sampler calls in place of the jitted rollout,
 `(snapshot, env_state, key) -> (env_state, Trajectory)`: per step one jitted policy call on
 the sampler's device (`act`: normalise, sample, log-prob, distribution parameters) and one
@@ -12,7 +15,7 @@ observation reached at a time limit for bootstrapping, episode statistics, obser
 moments, non-finite count) exactly as `rollout.rollout` does for JAX envs. The simulator's
 own speed is the sampler's latency; `threaded.sampler_step_latency_ms` still adds to it.
 
-Only this module touches Gymnasium objects; everything downstream (buffer, learner, lag
+Only this module touches the host vector envs; everything downstream (buffer, learner, lag
 metrics, forced refresh, barrier) is unchanged.
 """
 
@@ -30,7 +33,21 @@ from ppo_async.core import networks, normalization
 from ppo_async.core.rollout import RolloutContext, rollout_stats
 from ppo_async.core.types import PolicySnapshot, Trajectory, Transition
 from ppo_async.envs import base as envs
+from ppo_async.envs.envpool import EnvPoolVectorEnv, pool_threads
 from ppo_async.envs.gymnasium import HostVectorEnv, seed_of  # noqa: F401  (the sampler's env, re-exported)
+
+HostEnv = HostVectorEnv | EnvPoolVectorEnv  # a sampler's host-side vector env (one interface)
+HOST_ENV_TYPES = (HostVectorEnv, EnvPoolVectorEnv)
+
+
+def make_host_env(env: envs.Env, num_envs: int, seed: int, num_samplers: int = 1) -> HostEnv:
+    """A host-side vector env of `num_envs` copies of `env`, env i seeded `seed + i`, by family:
+    `EnvPoolVectorEnv` for envpool/* (its pool's threads: the cores shared among `num_samplers`
+    samplers, `envpool.pool_threads`), `HostVectorEnv` for gymnasium/*."""
+    if env.family == "envpool":
+        return EnvPoolVectorEnv(env.env, num_envs, seed, pool_threads(num_envs, num_samplers))
+    return HostVectorEnv(env.env, num_envs, seed)
+
 
 
 def act(ctx: RolloutContext, snapshot: PolicySnapshot, raw_obs: chex.Array, key: chex.PRNGKey) -> tuple[Any, ...]:
@@ -71,7 +88,7 @@ def assemble(
 
 @dataclass(frozen=True)
 class HostRollout:
-    """A sampler's rollout on a host-side env: `(snapshot, HostVectorEnv, key) -> (same env,
+    """A sampler's rollout on a host-side env: `(snapshot, HostEnv, key) -> (same env,
     Trajectory on the snapshot's device)`. Thread-safe: it holds only jitted functions."""
 
     ctx: RolloutContext
@@ -82,7 +99,12 @@ class HostRollout:
         object.__setattr__(self, "_returns", jax.jit(lambda running, reward, done: normalization.discounted_returns(
             running, reward, done, self.ctx.gamma or 0.0)))
 
-    def __call__(self, snapshot: PolicySnapshot, env: HostVectorEnv, key: chex.PRNGKey) -> tuple[HostVectorEnv, Trajectory]:
+    def make_env(self, seed: int, num_samplers: int = 1) -> HostEnv:
+        """The vector env of one of `num_samplers` samplers (the context's env and `num_envs`),
+        its env i seeded `seed + i` (`make_host_env`)."""
+        return make_host_env(self.ctx.env, self.ctx.config.num_envs, seed, num_samplers)
+
+    def __call__(self, snapshot: PolicySnapshot, env: HostEnv, key: chex.PRNGKey) -> tuple[HostEnv, Trajectory]:
         ctx, num_steps = self.ctx, self.ctx.config.num_steps
         keys = np.asarray(jax.random.split(key, num_steps))  # one transfer, not one per step
         steps: list[tuple[Any, ...]] = []
@@ -99,7 +121,7 @@ class HostRollout:
         return env, self._assemble(snapshot, raw_obs, action, log_prob, dist, reward, terminated, truncated,
                                    final_obs, env.obs, fin_ret, fin_len, discounted)
 
-    def _discounted_returns(self, env: HostVectorEnv, reward: np.ndarray, done: np.ndarray) -> Any:
+    def _discounted_returns(self, env: HostEnv, reward: np.ndarray, done: np.ndarray) -> Any:
         """G_t `[T, N]` of the chunk's rewards and done flags `[T, N]`, continuing the env's
         running discounted return (which it advances)."""
         if not self.ctx.config.normalize_reward:
@@ -142,7 +164,7 @@ def host_episodes_program(policy: Any, num_episodes: int, deterministic: bool, m
     limit = spec.max_steps_in_episode if max_steps is None else int(max_steps)
 
     def play(params: Any, obs_stats: Any, seed: Any) -> tuple[np.ndarray, np.ndarray]:
-        env = HostVectorEnv(spec, num_episodes, int(seed))
+        env = make_host_env(policy.env, num_episodes, int(seed))
         try:
             returns = np.zeros((num_episodes,), np.float64)
             lengths = np.zeros((num_episodes,), np.int64)

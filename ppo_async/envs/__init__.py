@@ -1,10 +1,11 @@
 """Layer 1, `envs/`: environments behind one interface.
 
 `registry` knows env names by family (gymnax names as they are, `brax/<name>`,
-`playground/<name>`, `gymnasium/<id>`) and imports nothing heavy; `base` is the `Env` record,
-`make_env` and the jittable vectorised reset / step with episode statistics; `physics` wraps
-Brax and MuJoCo Playground behind gymnax's interface (stepped inside jitted rollouts);
-`gymnasium` is the host-side vector env a sampler thread steps. May import:
+`playground/<name>`, `gymnasium/<id>`, `envpool/<id>`) and imports nothing heavy; `base` is the
+`Env` record, `make_env` and the jittable vectorised reset / step with episode statistics;
+`physics` wraps Brax and MuJoCo Playground behind gymnax's interface (stepped inside jitted
+rollouts); `gymnasium` is the host-side vector env a sampler thread steps, `envpool` the same
+interface on EnvPool's C++ thread pool (no GIL while it steps). May import:
 `ppo_async.errors` only (the env options arrive as a plain record).
 """
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ppo_async.envs.physics as physics
-from ppo_async.envs.registry import check_env_name, split_env_name
+from ppo_async.envs.registry import HOST_ENV_FAMILIES, check_env_name, split_env_name
 from ppo_async.errors import ConfigError
 
 
@@ -73,8 +73,8 @@ class Env:
 
     @property
     def host_side(self) -> bool:
-        """True for envs stepped on the host (gymnasium), outside any jitted program."""
-        return self.family == "gymnasium"
+        """True for envs stepped on the host (gymnasium, envpool), outside any jitted program."""
+        return self.family in HOST_ENV_FAMILIES
 
 
 class PhysicsOptions(Protocol):
@@ -100,6 +100,13 @@ def make_env(name: str, options: PhysicsOptions | None = None) -> Env:
         return Env(name, sim, params, (sim.obs_size,), False, 0, shape, sim.action_low, sim.action_high)
     if family == "gymnasium":
         return _gymnasium_env(name, task)
+    if family == "envpool":
+        from gymnasium import spaces
+
+        from ppo_async.envs.envpool import envpool_spaces  # lazily: needs the [envpool] extra
+
+        spec, obs_shape, space = envpool_spaces(name, task)
+        return _env_of_space(name, spec, spec, obs_shape, space, spaces.Discrete, spaces.Box)
     import gymnax
     from gymnax.environments import spaces
 

@@ -2,7 +2,8 @@
 family registers and the backends of the physics families.
 
 Names choose the family by prefix: gymnax names as they are, `brax/<name>`,
-`playground/<name>`, `gymnasium/<id>`. Family packages are imported lazily, only when their
+`playground/<name>`, `gymnasium/<id>`, `envpool/<id>` (EnvPool's C++ builds of Gymnasium's
+MuJoCo tasks, e.g. `envpool/HalfCheetah-v5`). Family packages are imported lazily, only when their
 names are asked for.
 """
 
@@ -11,11 +12,15 @@ from __future__ import annotations
 from ppo_async.errors import ConfigError
 
 
-HOST_ENV_FAMILIES = ("gymnasium",)  # stepped on the host by each sampler thread: threaded mode only
+HOST_ENV_FAMILIES = ("gymnasium", "envpool")  # stepped on the host by each sampler thread: threaded mode only
 
 # The pip extra that installs each optional family and the module it provides.
 ENV_EXTRAS = {"brax": ("brax", "brax"), "playground": ("playground", "mujoco_playground"),
-              "gymnasium": ("gymnasium", "gymnasium")}
+              "gymnasium": ("gymnasium", "gymnasium"), "envpool": ("envpool", "envpool")}
+
+ENVPOOL_SUITE = "envpool.mujoco.gym"  # the EnvPool module of the tasks `envpool/<id>` accepts
+
+FAMILY_NAMES = "gymnax names as they are; brax/<name>, playground/<name>, gymnasium/<id>, envpool/<id>"
 
 def split_env_name(name: str) -> tuple[str, str]:
     """`"brax/ant"` -> `("brax", "ant")`; a name without a known prefix is gymnax's."""
@@ -58,6 +63,14 @@ def known_env_names(family: str = "gymnax") -> tuple[str, ...]:
         # Control Suite tasks; `registry.ALL_ENVS` adds the locomotion and manipulation tasks,
         # which this package does not accept (checked against playground 0.2.0).
         return tuple(dm_control_suite.ALL_ENVS)
+    if family == "envpool":
+        from envpool.registration import registry
+
+        # envpool 1.2.5 lists its ids publicly (`envpool.list_all_envs()`: 1,651 of them, Atari to
+        # MyoSuite) but not their suites; its registry's `specs` maps each id to `(module, spec
+        # class, kwargs)`, and the module says which are Gymnasium's MuJoCo tasks (checked
+        # against envpool 1.2.5: 11 tasks, v2 to v5 as EnvPool registers them; every task has a v5).
+        return tuple(sorted(task for task, entry in registry.specs.items() if entry[0] == ENVPOOL_SUITE))
     import gymnasium
 
     return tuple(sorted(gymnasium.registry))  # public: gymnasium.registry (gymnasium.__all__)
@@ -70,10 +83,9 @@ def check_env_name(name: str, field_name: str = "env") -> None:
     known = known_env_names(family)
     if task not in known:
         prefix = "" if family == "gymnax" else f"{family}/"
-        families = "gymnax names as they are; brax/<name>, playground/<name>, gymnasium/<id>"
         raise ConfigError(
             f"{field_name} = {name!r} is not a known {family} environment; known: "
-            f"{', '.join(prefix + k for k in known)} (env families: {families})"
+            f"{', '.join(prefix + k for k in known)} (env families: {FAMILY_NAMES})"
         )
 
 BRAX_BACKENDS = ("generalized", "positional", "spring", "mjx")

@@ -122,9 +122,9 @@ def threaded_programs(config: Config, placement: Placement, lag_buckets: int) ->
         return _PROGRAMS[key]
     _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets)
     num_envs, env = config.rollout.num_envs, rollout_ctx.env
-    if env.host_side:  # Gymnasium: each sampler steps its own vector env on the host
+    if env.host_side:  # Gymnasium, EnvPool: each sampler steps its own vector env on the host
         rollout_fn: Callable = host_rollout.HostRollout(rollout_ctx)
-        reset: Callable = lambda k: host_rollout.HostVectorEnv(env.env, num_envs, host_rollout.seed_of(k))  # noqa: E731
+        reset: Callable = lambda k, num_samplers: rollout_fn.make_env(host_rollout.seed_of(k), num_samplers)  # noqa: E731
     else:
         rollout_fn = jax.jit(lambda snap, es, k: rollout(rollout_ctx, snap, es, k))
         reset = jax.jit(lambda k: envs.reset_envs(env, k, num_envs))
@@ -158,7 +158,7 @@ class ThreadedSetup:
     train_state: TrainState  # on the learner devices
     learner_key: jax.Array
     hparams: Any
-    env_states: list  # one per sampler: on its device, or a host_rollout.HostVectorEnv (Gymnasium)
+    env_states: list  # one per sampler: on its device, or a host_rollout.HostEnv (Gymnasium, EnvPool)
     sampler_keys: list
     example: Any  # one rollout chunk on the buffer device
     compile_seconds: float
@@ -228,7 +228,7 @@ def make_threaded_setup(config: Config) -> ThreadedSetup:
     check_buffer_fits(config, memory)  # before compiling the rollout and the update
     example = _compile_rollouts(programs, snapshot, devices, env_states, sampler_keys)
     if host_side:  # the simulators, last: nothing above can leave them open on an error
-        env_states = [programs.reset(sampler_env_key(env_key, s)) for s in range(num_samplers)]
+        env_states = [programs.reset(sampler_env_key(env_key, s), num_samplers) for s in range(num_samplers)]
     setup = ThreadedSetup(
         config=config, placement=placement, rollout_fn=programs.rollout_fn, update=programs.learner.update,
         place_trajectory=programs.learner.place_trajectory, merge=programs.merge, train_state=train_state,

@@ -98,10 +98,10 @@ def stop_threads(shared: RunShared, threads: Sequence[threading.Thread], timeout
 
 
 def close_host_envs(setup: ThreadedSetup, threads: Sequence[threading.Thread]) -> None:
-    """Closes the samplers' host-side simulators (Gymnasium); a sampler thread still running
+    """Closes the samplers' host-side simulators (Gymnasium, EnvPool); a sampler thread still running
     after the join timeout keeps its own, which the process exit closes."""
     for state, thread in zip(setup.env_states, threads):
-        if isinstance(state, host_rollout.HostVectorEnv) and not thread.is_alive():
+        if isinstance(state, host_rollout.HOST_ENV_TYPES) and not thread.is_alive():
             state.close()
 
 
