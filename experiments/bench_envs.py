@@ -2,16 +2,22 @@
 
     python experiments/bench_envs.py            # ~6 min on 2 cores
     python experiments/bench_envs.py --repeats 1 --quick
+    python experiments/bench_envs.py --parts b --quick   # the host-side part alone
 
 (a) JAX physics (playground/CartpoleBalance, brax/inverted_pendulum): env steps/s of the sync
     mode as a user runs it (its preset shape, learner included) vs the bare vmapped env: a
     jitted `lax.scan` of the simulator's own `step` with uniform random actions at the same
     number of envs and steps, no policy, no learner, no auto-reset. The ratio is what a user
     gets of the simulator's speed.
-(b) Host-side Gymnasium (HalfCheetah-v5, 16 envs): one sampler's host rollout
+(b) Host-side MuJoCo (HalfCheetah-v5, 16 envs per sampler): one sampler's host rollout
     (`host_rollout.HostRollout`: the jitted policy per step, then the assembly) vs the bare
     `SyncVectorEnv` stepping random actions (target >= 0.6), and the aggregate env steps/s of
-    1, 2 and 4 sampler threads each running its own host rollouts at once (no learner).
+    1, 2 and 4 sampler threads each running its own host rollouts at once (no learner), on
+    Gymnasium's `SyncVectorEnv` (gymnasium/*: stepped in Python, under the GIL) and on EnvPool
+    (envpool/*: C++ threads, no GIL; each pool with the threads a training run gives it, the
+    cores shared among the samplers, `envpool.pool_threads`). Beside them one sampler whose
+    pool has a single thread: a core's worth of EnvPool, the baseline of the scaling target
+    (2 and 4 samplers >= 1.7x it on 2 cores; SyncVectorEnv's own samplers are one core's worth each).
 
 Medians of interleaved repeats. Writes OUT/results.json, OUT/report.txt (--quick: results-quick.json,
 report-quick.txt) and OUT/manifest.json; OUT defaults to runs/experiments/bench_envs (git-ignored):
@@ -26,10 +32,11 @@ apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_fla
 enable_compilation_cache()
 
 import dataclasses
+import functools
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -43,12 +50,18 @@ from ppo_async.study.benchmarking import MachineLoad, fmt_rate, interleave, verd
 from ppo_async.study.manifest import Manifest, default_out
 from ppo_async.modes.common import make_contexts
 from ppo_async.core.types import snapshot_of
+from ppo_async.envs.envpool import pool_threads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 JAX_ENVS = ("playground/CartpoleBalance", "brax/inverted_pendulum")
 HOST_ENV = "gymnasium/HalfCheetah-v5"
 HOST_TARGET = 0.6
+# (b)'s sampler-thread series: label -> env (the same task on each host-side family)
+HOST_SERIES = {"SyncVectorEnv": HOST_ENV, "EnvPool": "envpool/HalfCheetah-v5"}
+SAMPLER_COUNTS = (1, 2, 4)
+HOST_ENVS_PER_SAMPLER = 16
+SCALING_TARGET = 1.7  # EnvPool: 2 and 4 samplers vs one sampler with a one-thread pool (issue 26 item 4)
 
 
 @dataclasses.dataclass
@@ -58,7 +71,9 @@ class Args:
     sync_env_steps: int = 400_000
     """Env steps of each sync-mode run (a)."""
     host_rollouts: int = 12
-    """Rollouts of 64 steps per host measurement (b)."""
+    """Rollouts (of the preset's num_steps) per host measurement (b), shared among the sampler threads."""
+    parts: tuple[Literal["a", "b"], ...] = ("a", "b")
+    """Which parts to run: a (JAX physics), b (host-side MuJoCo)."""
     quick: bool = False
     """Smaller budgets (a smoke run; figures are noisier)."""
     out: str | None = None
@@ -118,8 +133,9 @@ def measure_jax_env(name: str, args: Args) -> dict[str, Any]:
             "sync_median": sync, "bare_median": bare, "ratio": sync / bare}
 
 
-def host_setup(num_envs: int) -> tuple[host_rollout.HostRollout, Any, pa.Config]:
-    config = pa.config_for_env(HOST_ENV, {"mode": "threaded", "rollout.num_envs": num_envs})
+def host_setup(num_envs: int, name: str = HOST_ENV) -> tuple[host_rollout.HostRollout, Any, pa.Config]:
+    """A warm `HostRollout` of host env `name` (its preset's shape at `num_envs`), a snapshot, the config."""
+    config = pa.config_for_env(name, {"mode": "threaded", "rollout.num_envs": num_envs})
     _, rollout_ctx, learner_ctx = make_contexts(config)
     state = learner.init_train_state(learner_ctx, jax.random.PRNGKey(0), rollout_ctx.env.obs_shape)
     roll = host_rollout.HostRollout(rollout_ctx)
@@ -127,7 +143,7 @@ def host_setup(num_envs: int) -> tuple[host_rollout.HostRollout, Any, pa.Config]
     return roll, snapshot_of(state), config
 
 
-def host_rollout_rate(roll: host_rollout.HostRollout, snapshot: Any, env: host_rollout.HostVectorEnv, rollouts: int) -> float:
+def host_rollout_rate(roll: host_rollout.HostRollout, snapshot: Any, env: host_rollout.HostEnv, rollouts: int) -> float:
     key = jax.random.PRNGKey(2)
     t0 = time.perf_counter()
     for _ in range(rollouts):
@@ -147,14 +163,14 @@ def bare_vector_rate(env: host_rollout.HostVectorEnv, steps: int, seed: int = 0)
     return steps * env.num_envs / (time.perf_counter() - t0)
 
 
-def threads_rate(roll: host_rollout.HostRollout, snapshot: Any, config: pa.Config, num_threads: int, rollouts: int) -> float:
-    """Aggregate env steps/s of `num_threads` threads, each with its own vector env, running
-    `rollouts` host rollouts at once (the samplers of a threaded run without the learner)."""
-    spec = envs.make_env(HOST_ENV).env
-    vec_envs = [host_rollout.HostVectorEnv(spec, config.rollout.num_envs, 100 + i) for i in range(num_threads)]
+def threads_rate(roll: host_rollout.HostRollout, snapshot: Any, make_env: Callable[[int], host_rollout.HostEnv],
+                 num_threads: int, rollouts: int) -> float:
+    """Aggregate env steps/s of `num_threads` threads, each with its own vector env (`make_env(i)`),
+    running `rollouts` host rollouts at once (the samplers of a threaded run without the learner)."""
+    vec_envs = [make_env(i) for i in range(num_threads)]
     start = threading.Barrier(num_threads + 1)
 
-    def body(env: host_rollout.HostVectorEnv) -> None:
+    def body(env: host_rollout.HostEnv) -> None:
         start.wait()
         host_rollout_rate(roll, snapshot, env, rollouts)
 
@@ -168,7 +184,43 @@ def threads_rate(roll: host_rollout.HostRollout, snapshot: Any, config: pa.Confi
     seconds = time.perf_counter() - t0
     for e in vec_envs:
         e.close()
-    return num_threads * rollouts * config.rollout.num_envs * config.rollout.num_steps / seconds
+    return num_threads * rollouts * vec_envs[0].num_envs * roll.ctx.config.num_steps / seconds
+
+
+def sampler_sides(args: Args) -> list[tuple[str, Callable[[], float]]]:
+    """(b)'s aggregate measurements as `interleave` sides: "<series> x<n>" for every series and
+    sampler count (each sampler's env as a threaded run makes it, `HostRollout.make_env`), and
+    "EnvPool x1, 1-thread pool"."""
+    sides = []
+    setups = {label: host_setup(HOST_ENVS_PER_SAMPLER, name)[:2] for label, name in HOST_SERIES.items()}
+    for label, (roll, snapshot) in setups.items():
+        for n in SAMPLER_COUNTS:
+            make = functools.partial(sampler_env, roll, num_samplers=n)
+            sides.append((f"{label} x{n}", functools.partial(threads_rate, roll, snapshot, make, n, max(2, args.host_rollouts // n))))
+    roll, snapshot = setups["EnvPool"]
+    make = functools.partial(sampler_env, roll, num_samplers=1, num_threads=1)
+    sides.append(("EnvPool x1, 1-thread pool", functools.partial(threads_rate, roll, snapshot, make, 1, args.host_rollouts)))
+    return sides
+
+
+def sampler_env(roll: host_rollout.HostRollout, i: int, num_samplers: int, num_threads: int | None = None) -> host_rollout.HostEnv:
+    """Sampler i's vector env (seed 100 + i) as a threaded run of `num_samplers` makes it, or an
+    EnvPool with `num_threads` threads."""
+    if num_threads is None:
+        return roll.make_env(100 + i, num_samplers)
+    return host_rollout.EnvPoolVectorEnv(roll.ctx.env.env, roll.ctx.config.num_envs, 100 + i, num_threads)
+
+
+def measure_sampler_threads(args: Args) -> dict[str, Any]:
+    """Aggregate env steps/s of 1, 2, 4 sampler threads per series, interleaved, and the
+    one-thread-pool baseline: {"series": {label: {n: {"samples", "median"}}}, "one_thread_pool":
+    {"samples", "median"}, "envpool_pool_threads": {n: threads per pool}}."""
+    samples = interleave(args.repeats, sampler_sides(args),
+                         on_sample=lambda name, rate: print(f"  {name}: {fmt_rate(rate)} env steps/s in all", flush=True))
+    summary = lambda xs: {"samples": xs, "median": float(np.median(xs))}  # noqa: E731
+    return {"series": {label: {n: summary(samples[f"{label} x{n}"]) for n in SAMPLER_COUNTS} for label in HOST_SERIES},
+            "one_thread_pool": summary(samples["EnvPool x1, 1-thread pool"]),
+            "envpool_pool_threads": {n: pool_threads(HOST_ENVS_PER_SAMPLER, n) for n in SAMPLER_COUNTS}}
 
 
 def measure_host_env(args: Args) -> dict[str, Any]:
@@ -182,34 +234,63 @@ def measure_host_env(args: Args) -> dict[str, Any]:
         env.close()
     rollout, bare = float(np.median(samples["rollout"])), float(np.median(samples["bare"]))
     print(f"{HOST_ENV} x16: host rollout {fmt_rate(rollout)} vs bare vector env {fmt_rate(bare)} -> {rollout / bare:.3f}", flush=True)
-    aggregate = {}
-    for n in (1, 2, 4):
-        rates = [threads_rate(roll, snapshot, config, n, max(2, args.host_rollouts // n)) for _ in range(args.repeats)]
-        aggregate[n] = {"samples": rates, "median": float(np.median(rates))}
-        print(f"  {n} sampler thread(s): {fmt_rate(aggregate[n]['median'])} env steps/s in all", flush=True)
+    samplers = measure_sampler_threads(args)
     return {"env": HOST_ENV, "num_envs": 16, "num_steps": config.rollout.num_steps,
             "rollout_env_steps_per_s": samples["rollout"], "bare_env_steps_per_s": samples["bare"],
-            "rollout_median": rollout, "bare_median": bare, "ratio": rollout / bare, "threads": aggregate}
+            "rollout_median": rollout, "bare_median": bare, "ratio": rollout / bare,
+            "threads": samplers["series"]["SyncVectorEnv"], "envpool_threads": samplers["series"]["EnvPool"],
+            "envpool_one_thread_pool": samplers["one_thread_pool"],
+            "envpool_pool_threads": samplers["envpool_pool_threads"]}
 
 
 def report(results: dict) -> str:
     lines = ["bench_envs: env steps/s, medians of interleaved repeats", ""]
-    lines.append("(a) JAX physics: sync mode (preset shape, learner included) vs the bare vmapped simulator scan")
-    lines.append(f"{'env':30s} {'backend':12s} {'N x T':9s} {'sync':>9s} {'bare':>9s} {'ratio':>7s}")
-    for r in results["jax_envs"]:
-        lines.append(f"{r['env']:30s} {r['backend']:12s} {str(r['num_envs']) + 'x' + str(r['num_steps']):9s} "
-                     f"{fmt_rate(r['sync_median']):>9s} {fmt_rate(r['bare_median']):>9s} {r['ratio']:7.3f}")
-    h = results["host_env"]
-    lines += ["", f"(b) {h['env']}, {h['num_envs']} envs: one sampler's host rollout vs the bare vector env",
-              f"host rollout {fmt_rate(h['rollout_median'])}, bare {fmt_rate(h['bare_median'])}: "
-              f"ratio {h['ratio']:.3f} (target >= {HOST_TARGET}: {verdict(h['ratio'], HOST_TARGET)})"]
-    one = h["threads"]["1"]["median"] if "1" in h["threads"] else h["threads"][1]["median"]
-    for n, t in h["threads"].items():
-        lines.append(f"  {n} sampler thread(s): {fmt_rate(t['median'])} env steps/s in all ({t['median'] / one:.2f}x one thread)")
+    if "jax_envs" in results:
+        lines.append("(a) JAX physics: sync mode (preset shape, learner included) vs the bare vmapped simulator scan")
+        lines.append(f"{'env':30s} {'backend':12s} {'N x T':9s} {'sync':>9s} {'bare':>9s} {'ratio':>7s}")
+        for r in results["jax_envs"]:
+            lines.append(f"{r['env']:30s} {r['backend']:12s} {str(r['num_envs']) + 'x' + str(r['num_steps']):9s} "
+                         f"{fmt_rate(r['sync_median']):>9s} {fmt_rate(r['bare_median']):>9s} {r['ratio']:7.3f}")
+        lines.append("")
+    if "host_env" in results:
+        lines += host_report(results["host_env"])
     m = results["machine"]
     lines += ["", f"machine: {m.get('cpu_count')} cores, load {m.get('loadavg_before')} -> {m.get('loadavg_after')}, "
               f"other processes {m.get('other_cpu_cores')} cores busy"]
     return "\n".join(lines)
+
+
+def by_count(series: dict) -> dict[int, float]:
+    """{sampler count: median} of a series (JSON round trips turn the counts into strings)."""
+    return {int(n): t["median"] for n, t in series.items()}
+
+
+def host_report(h: dict) -> list[str]:
+    """(b)'s report lines: one sampler's rollout vs the bare vector env, then the aggregate of
+    1, 2 and 4 sampler threads per series with their ratios and the EnvPool scaling target."""
+    lines = [f"(b) {h['env']}, {h['num_envs']} envs: one sampler's host rollout vs the bare vector env",
+             f"host rollout {fmt_rate(h['rollout_median'])}, bare {fmt_rate(h['bare_median'])}: "
+             f"ratio {h['ratio']:.3f} (target >= {HOST_TARGET}: {verdict(h['ratio'], HOST_TARGET)})", "",
+             f"HalfCheetah-v5, {h['num_envs']} envs per sampler: aggregate env steps/s of N sampler threads (x: over N = 1)"]
+    sync_vec = by_count(h["threads"])
+    lines.append(f"{'':28s}" + "".join(f"{f'N = {n}':>16s}" for n in sync_vec))
+    series = {"SyncVectorEnv": sync_vec}
+    if "envpool_threads" in h:
+        series["EnvPool"] = by_count(h["envpool_threads"])
+    for label, rates in series.items():
+        one = rates[1]
+        lines.append(f"{label:28s}" + "".join(f"{fmt_rate(r):>9s} ({r / one:.2f}x)" for r in rates.values()))
+    if "envpool_threads" not in h:
+        return lines
+    pool, base = series["EnvPool"], h["envpool_one_thread_pool"]["median"]
+    threads = {int(n): t for n, t in h["envpool_pool_threads"].items()}
+    lines.append(f"  EnvPool threads per pool: {', '.join(f'{t} at N = {n}' for n, t in threads.items())} (the cores shared among the samplers)")
+    lines.append(f"  EnvPool, one sampler with a 1-thread pool (a core's worth): {fmt_rate(base)}")
+    for n in (2, 4):
+        ratio = pool[n] / base
+        lines.append(f"  EnvPool N = {n} over it: {ratio:.2f}x (target >= {SCALING_TARGET}: {verdict(ratio, SCALING_TARGET)})")
+    lines.append("  EnvPool over SyncVectorEnv at the same N: " + ", ".join(f"{pool[n] / sync_vec[n]:.2f}x at N = {n}" for n in pool))
+    return lines
 
 
 def main(args: Args) -> dict:
@@ -229,8 +310,10 @@ def measure(args: Args) -> dict:
     """(a) and (b) with the machine's load around them: the results dict."""
     load = MachineLoad(include_children=True)
     results: dict[str, Any] = {"machine": load.start(), "args": dataclasses.asdict(args)}
-    results["jax_envs"] = [measure_jax_env(name, args) for name in JAX_ENVS]
-    results["host_env"] = measure_host_env(args)
+    if "a" in args.parts:
+        results["jax_envs"] = [measure_jax_env(name, args) for name in JAX_ENVS]
+    if "b" in args.parts:
+        results["host_env"] = measure_host_env(args)
     results["machine"].update(load.stop())
     return results
 
