@@ -68,7 +68,7 @@ class Env:
 
     @property
     def family(self) -> str:
-        """"gymnax", "brax", "playground" or "gymnasium"."""
+        """"gymnax", "brax", "playground", "gymnasium" or "envpool"."""
         return split_env_name(self.name)[0]
 
     @property
