@@ -75,6 +75,12 @@ def test_the_family_maps_to_its_class_and_seeds_env_i_with_seed_plus_i():
 
 
 def test_pool_threads_share_the_cores_among_samplers():
+    roll, _ = host_rollout_of("envpool/HalfCheetah-v5", num_steps=2, num_envs=4)
+    env = roll.make_env(seed=0, num_samplers=2)  # as a threaded run makes its samplers' envs
+    try:
+        assert env.pool.config["num_threads"] == pool_threads(4, num_samplers=2)
+    finally:
+        env.close()
     assert pool_threads(16, num_samplers=1, cores=2) == 2
     assert pool_threads(16, num_samplers=2, cores=2) == 1
     assert pool_threads(16, num_samplers=4, cores=2) == 1  # never 0

@@ -22,8 +22,8 @@ finish first, mixing time steps within a `[T, N]` row; the pool runs synchronous
 Truncation: EnvPool counts the time limit itself (`max_episode_steps`, set from the spec)
 and reports it as truncated, not terminated, as Gymnasium's `TimeLimit` does.
 
-Only this module (and `core.host_rollout`, through it) touches EnvPool objects; `envpool` is
-imported lazily (the `[envpool]` extra).
+Only this module makes and steps EnvPool pools (`core.host_rollout` through it); `envs.registry`
+reads EnvPool's ids. `envpool` is imported lazily (the `[envpool]` extra).
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def usable_cores() -> int:
 
 def pool_threads(num_envs: int, num_samplers: int, cores: int | None = None) -> int:
     """EnvPool worker threads for one sampler's pool: the cores shared out among the samplers
-    (at least 1, at most one per env), so the pools of all samplers together use every core
-    without oversubscribing it (one sampler gets all cores; 4 samplers on 2 cores get 1 each)."""
+    (at least 1, at most one per env), so the pools of all samplers together have about one
+    thread per core: one sampler on 2 cores gets 2, two get 1 each (four get 1 each: never 0)."""
     cores = usable_cores() if cores is None else cores
     return max(1, min(num_envs, cores // max(1, num_samplers)))
 
