@@ -46,6 +46,8 @@ from ppo_async.config.sections import (
     ThreadedConfig,
     check_env_options,
     check_fields_apply,
+    check_given_apply,
+    env_check_deferred,
 )
 from ppo_async.errors import ConfigError, DistributedFailure
 
@@ -82,6 +84,8 @@ __all__ = [
     "check_env_options",
     "check_field_types",
     "check_fields_apply",
+    "check_given_apply",
+    "env_check_deferred",
     "config_from_dict",
     "config_to_dict",
     "get_path",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import types
@@ -112,3 +113,21 @@ def _inert(name: str, value: Any, why: str) -> None:
 def _changed(section: Any, default: Any) -> list[str]:
     """Fields of a section whose value differs from the section's default."""
     return [f.name for f in dataclasses.fields(section) if getattr(section, f.name) != getattr(default, f.name)]
+
+
+def did_you_mean(name: str, known: Any) -> str:
+    """`"; did you mean 'ppo.gamma'?"` for the known names closest to `name` (difflib), else `""`."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+def field_paths(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted field path of a config dataclass (`"ppo.gamma"`, `"env"`, ...), sections included."""
+    paths = []
+    for f in dataclasses.fields(cls):
+        paths.append(prefix + f.name)
+        hint = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(hint):
+            paths.extend(field_paths(hint, f"{prefix}{f.name}."))
+    return paths

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
+from ppo_async.config.checks import did_you_mean, field_paths
 from ppo_async.config.sections import (
     Config,
     DistributedConfig,
@@ -16,6 +17,7 @@ from ppo_async.config.sections import (
     PPOConfig,
     RolloutConfig,
     ThreadedConfig,
+    check_given_apply,
 )
 from ppo_async.errors import ConfigError
 
@@ -26,12 +28,19 @@ def config_to_dict(config: Config) -> dict[str, Any]:
     """Nested plain-Python dict of every field (JSON-serialisable)."""
     return json.loads(json.dumps(dataclasses.asdict(config)))
 
-def _refuse_unknown(data: Mapping[str, Any], cls: type, what: str) -> None:
-    """ConfigError listing the keys of `data` that are not fields of the dataclass `cls` (and the known ones)."""
+def _refuse_unknown(data: Mapping[str, Any], cls: type, what: str, prefix: str = "") -> None:
+    """ConfigError listing the keys of `data` that are not fields of the dataclass `cls`, the
+    nearest known names of the first (difflib) and every known one."""
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - known
+    unknown = sorted(map(str, set(data) - known))
     if unknown:
-        raise ConfigError(f"{what} {sorted(unknown)}; known: {sorted(known)}")
+        hint = did_you_mean(prefix + unknown[0], field_paths(Config)) or did_you_mean(unknown[0], known)
+        raise ConfigError(f"{what} {unknown}{hint} (known: {', '.join(sorted(known))})")
+
+
+def _unknown_path(path: str) -> ConfigError:
+    """The error of an unknown dotted field, with the nearest known paths."""
+    return ConfigError(f"unknown config field {path!r}{did_you_mean(path, field_paths(Config))}")
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
@@ -48,7 +57,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
                 continue
             if not isinstance(value, dict):
                 raise ConfigError(f"{key} must be a mapping of its fields, got {value!r}")
-            _refuse_unknown(value, cls, f"unknown keys in {key}:")
+            _refuse_unknown(value, cls, f"unknown keys in {key}:", prefix=f"{key}.")
             section = dict(value)
             for f in dataclasses.fields(cls):
                 if f.name in section and isinstance(section[f.name], list):
@@ -63,7 +72,7 @@ def get_path(config: Config, path: str) -> Any:
     node: Any = config
     for part in path.split("."):
         if not dataclasses.is_dataclass(node) or part not in {f.name for f in dataclasses.fields(node)}:
-            raise ConfigError(f"unknown config field {path!r}")
+            raise _unknown_path(path)
         node = getattr(node, part)
     return node
 
@@ -80,12 +89,14 @@ def replace_paths(config: Config, changes: Mapping[str, Any]) -> Config:
         node = data
         for part in parts[:-1]:
             if part not in node or not isinstance(node[part], dict):
-                raise ConfigError(f"unknown config section {part!r} in {path!r}")
+                raise ConfigError(f"unknown config section {part!r} in {path!r}{did_you_mean(path, field_paths(Config))}")
             node = node[part]
         if parts[-1] not in node or isinstance(node[parts[-1]], dict):
-            raise ConfigError(f"unknown config field {path!r}")
+            raise _unknown_path(path)
         node[parts[-1]] = value
-    return config_from_dict(data)
+    config = config_from_dict(data)
+    check_given_apply(config, changes)
+    return config
 
 
 def parse_assignments(items: Sequence[str]) -> dict[str, Any]:

@@ -10,10 +10,12 @@ Serialise with `config_to_dict` / `config_from_dict` (JSON-friendly, nested by s
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Iterator, Literal, get_args
 
 from ppo_async.config.checks import (
     _changed,
@@ -25,6 +27,7 @@ from ppo_async.config.checks import (
     _inert,
     check_field_types,
 )
+from ppo_async.config.resources import budget_blame, check_sizes
 from ppo_async.envs.registry import (
     BRAX_BACKENDS,
     HOST_ENV_FAMILIES,
@@ -60,6 +63,22 @@ DISTRIBUTED_CLUSTERS: tuple[str, ...] = get_args(ClusterName)
 
 # Top-level fields that shape no compiled program: the seed enters as an argument, the rest is
 # what the host writes and when (used by the kept-program caches of the modes).
+_ENV_CHECK_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("env_check_deferred", default=False)
+
+
+@contextlib.contextmanager
+def env_check_deferred() -> Iterator[None]:
+    """Within it, `Config` leaves out the one check that reads an env family's own registry
+    (`check_env_name`: gymnax's starts JAX), so a command line can be parsed, its `--help`
+    printed and its other errors reported without JAX. Whoever uses it validates the final
+    `Config` again outside it (the CLI's `TrainCommand.resolved` does)."""
+    token = _ENV_CHECK_DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _ENV_CHECK_DEFERRED.reset(token)
+
+
 HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "eval_every",
                     "eval_episodes", "log_every", "overwrite")
 
@@ -502,7 +521,6 @@ class Config:
 
     def __post_init__(self) -> None:
         check_field_types(self)
-        check_env_name(self.env)
         if split_env_name(self.env)[0] in HOST_ENV_FAMILIES and self.mode != "threaded":
             _fail("mode", self.mode,
                   f"must be 'threaded' for the host-side env {self.env!r} (its simulator steps on each sampler "
@@ -515,14 +533,17 @@ class Config:
         _check_int("eval_every", self.eval_every, 0)
         _check_int("eval_episodes", self.eval_episodes, 1)
         _check_int("log_every", self.log_every, 1)
+        for name, cls in (("env_options", EnvOptions), ("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig), ("distributed", DistributedConfig)):
+            if not isinstance(getattr(self, name), cls):
+                _fail(name, getattr(self, name), f"must be a {cls.__name__}")
+        check_sizes(self)  # int32 and sane bounds, before any rule that multiplies them
+        if not _ENV_CHECK_DEFERRED.get():  # after the env-free checks: a gymnax name imports gymnax (and JAX)
+            check_env_name(self.env)
         if self.run_dir is not None and self.checkpoint_every % self.log_every != 0:
             _fail("checkpoint_every", self.checkpoint_every,
                   f"must be a multiple of log_every = {self.log_every} (a checkpoint closes a metrics row, so a resumed run continues its rows exactly)")
         if self.wandb_project is not None and (not isinstance(self.wandb_project, str) or not self.wandb_project.strip()):
             _fail("wandb_project", self.wandb_project, "must be a non-empty project name or None")
-        for name, cls in (("env_options", EnvOptions), ("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig), ("distributed", DistributedConfig)):
-            if not isinstance(getattr(self, name), cls):
-                _fail(name, getattr(self, name), f"must be a {cls.__name__}")
         if self.batch_size % self.ppo.num_minibatches != 0:
             _fail(
                 "ppo.num_minibatches",
@@ -543,6 +564,11 @@ class Config:
             _fail("threaded.kl_target", self.threaded.kl_target,
                   "must be None with distributed.num_processes > 1 (the KL controller runs in one process for now)")
         if self.total_env_steps < self.batch_size:
+            blame = budget_blame(self)
+            if blame != "total_env_steps":
+                _fail(blame, getattr(self.rollout, blame.partition(".")[2]),
+                      f"the learner batch ({self._batch_formula()} = {self.batch_size:,}) must fit in "
+                      f"total_env_steps = {self.total_env_steps:,}")
             _fail(
                 "total_env_steps",
                 self.total_env_steps,
@@ -660,19 +686,34 @@ def check_fields_apply(config: "Config") -> None:
     elif config.threaded.latency_jitter and not config.threaded.sampler_step_latency_ms:
         _inert("threaded.latency_jitter", config.threaded.latency_jitter,
                "it jitters threaded.sampler_step_latency_ms, which is empty (no simulated latency)")
-    if config.ppo.advantage_estimator != "vtrace":
-        for name in ("rho_bar", "c_bar"):
-            if getattr(config.ppo, name) != getattr(PPOConfig(), name):
-                _inert(f"ppo.{name}", getattr(config.ppo, name),
-                       f"V-trace truncations act only with ppo.advantage_estimator = 'vtrace' (not {config.ppo.advantage_estimator!r})")
-    if config.ppo.objective != "decoupled":
-        for name in ("is_clip", "prox_ewma"):
-            if getattr(config.ppo, name) != getattr(PPOConfig(), name):
-                _inert(f"ppo.{name}", getattr(config.ppo, name),
-                       f"the proximal policy acts only with ppo.objective = 'decoupled' (not {config.ppo.objective!r})")
+    for name in _changed(config.ppo, PPOConfig()):
+        why = _ppo_inert_reason(config.ppo, name)
+        if why is not None:
+            _inert(f"ppo.{name}", getattr(config.ppo, name), why)
     if config.eval_every == 0 and config.eval_episodes != type(config).__dataclass_fields__["eval_episodes"].default:
         _inert("eval_episodes", config.eval_episodes, "evaluation is off (eval_every = 0)")
     if config.run_dir is None:
         for name in ("checkpoint_every", "keep_checkpoints", "overwrite"):
             if getattr(config, name) != type(config).__dataclass_fields__[name].default:
                 _inert(name, getattr(config, name), "there is no run_dir to write checkpoints into")
+
+
+def _ppo_inert_reason(ppo: PPOConfig, name: str) -> str | None:
+    """Why the PPO field `name` does nothing under `ppo`'s estimator and objective; None when it acts."""
+    if name in ("rho_bar", "c_bar") and ppo.advantage_estimator != "vtrace":
+        return f"V-trace truncations act only with ppo.advantage_estimator = 'vtrace' (not {ppo.advantage_estimator!r})"
+    if name in ("is_clip", "prox_ewma") and ppo.objective != "decoupled":
+        return f"the proximal policy acts only with ppo.objective = 'decoupled' (not {ppo.objective!r})"
+    return None
+
+def check_given_apply(config: Config, paths: Any) -> None:
+    """ConfigError for a dotted field the user set explicitly (a flag, a config-file key, a
+    `replace_paths` / sweep-grid key) that `config` never reads, whatever its value:
+    `ppo.rho_bar = 1.0` with advantage_estimator='gae' is as inert as 2.0 (`check_fields_apply`
+    sees only values away from the default)."""
+    for path in paths:
+        section, _dot, name = str(path).partition(".")
+        if section == "ppo" and name:
+            why = _ppo_inert_reason(config.ppo, name)
+            if why is not None:
+                _inert(path, getattr(config.ppo, name), why)

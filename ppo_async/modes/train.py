@@ -11,6 +11,7 @@ import os
 from typing import Any, Callable
 
 from ppo_async.config import Config, ConfigError
+from ppo_async.config.resources import check_config_type, check_fits_machine
 from ppo_async.runtime.distributed import initialize, is_multi_process, process_log_path
 from ppo_async.run.policy import Policy, check_seed_index
 from ppo_async.run.recorder import RunRecorder, import_wandb
@@ -45,6 +46,8 @@ def train(
         iteration and the continued run computes bit for bit what the uninterrupted run
         would have. `TrainResult.metrics` then holds the earlier rows too.
     """
+    check_config_type(config)
+    check_fits_machine(config)  # before anything is allocated or compiled
     mode = get_mode(config.mode)
     if resume and not mode.resumable:
         raise ConfigError(f"resume is not supported for mode={config.mode!r} ({mode.why_not_resumable})")

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
+from ppo_async.config.resources import MAX_SEEDS, check_config_type, check_fits_machine
 from ppo_async.core.lag import make_schedule, num_samplers_of
 from ppo_async.core.learner import (
     SGD_SHAPE_FIELDS,
@@ -132,6 +133,24 @@ def default_strategy() -> str:
     return "loop" if jax.default_backend() == "cpu" else "vmap"
 
 
+def seed_values(config: Config, seeds: int | Sequence[int]) -> list[int]:
+    """The seeds of a sweep: `seeds` seeds from config.seed on, or the list given. ConfigError,
+    under the rules `Config.seed` / `Config.num_seeds` follow, for a count that is not an integer
+    in [1, MAX_SEEDS], a seed that is not an integer >= 0, an empty list or a repeated seed."""
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if not 1 <= seeds <= MAX_SEEDS:
+            raise ConfigError(f"seeds = {seeds!r} is invalid: must be a number of seeds in [1, {MAX_SEEDS}] or a list of seeds")
+        return list(range(config.seed, config.seed + seeds))
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds:
+        raise ConfigError(f"seeds = {seeds!r} is invalid: must be a number of seeds or a non-empty list of seeds")
+    for seed in seeds:
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ConfigError(f"seeds = {list(seeds)!r} is invalid: seed {seed!r} must be an integer >= 0 (as Config.seed)")
+    if len(set(seeds)) != len(seeds) or len(seeds) > MAX_SEEDS:
+        raise ConfigError(f"seeds = {list(seeds)!r} is invalid: need at most {MAX_SEEDS} seeds, without repeats")
+    return list(seeds)
+
+
 def sweep(
     config: Config,
     grid: Mapping[str, Sequence[Any]],
@@ -155,10 +174,11 @@ def sweep(
         raise ConfigError(f"strategy = {strategy!r} is invalid: must be one of {STRATEGIES}")
     if strategy == "auto":
         strategy = default_strategy()
-    seed_list = list(range(config.seed, config.seed + seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
-    if not seed_list or len(set(seed_list)) != len(seed_list):
-        raise ConfigError(f"seeds = {seeds!r} is invalid: need at least one seed, without repeats")
+    check_config_type(config)
+    seed_list = seed_values(config, seeds)
     points = expand_grid(config, grid)
+    for _, cfg in points:  # a vmapped group stacks its points x seeds in one program
+        check_fits_machine(cfg, stacked_seeds=len(points) * len(seed_list) if strategy == "vmap" else len(seed_list))
     totals = SweepTotals()
     if sweep_mode(config) == "threaded":
         strategy = "threaded"
