@@ -9,9 +9,11 @@ readers (`load`, `resume`, `plot`) share.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import tempfile
 from typing import Any
 
 from ppo_async.run.checkpoint import Checkpointer, CheckpointError
@@ -91,6 +93,30 @@ def _check_not_a_file(run_dir: str) -> None:
         raise ConfigError(f"run_dir = {run_dir!r} is invalid: {parent!r} above it is a file, not a directory")
 
 
+def check_writable(run_dir: str) -> None:
+    """ConfigError (one line: `run_dir`, the path and the OS reason) when `run_dir` cannot be
+    created or a file cannot be written in it (`/proc/x`, a read-only mount, no permission).
+    Creates the directory and writes one probe file, then removes both: a refused run leaves
+    nothing behind."""
+    created = []  # the directories this check makes, deepest first
+    path = os.path.abspath(run_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        created.append(path)
+        path = os.path.dirname(path)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-probe-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(f"run_dir = {run_dir!r} is invalid: cannot create or write it ({reason}); "
+                          "choose a directory you can write") from None
+    finally:
+        for directory in created:
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+
+
 def check_can_start(config: Config, resume: bool) -> None:
     """Checks `config.run_dir` before anything is compiled; raises ConfigError when a run cannot
     start there.
@@ -105,6 +131,8 @@ def check_can_start(config: Config, resume: bool) -> None:
     if run_dir is None:
         return
     _check_not_a_file(run_dir)
+    if not resume or os.path.isdir(run_dir):  # a missing run to resume is _check_resumable's error
+        check_writable(run_dir)
     holds_run = os.path.isfile(os.path.join(run_dir, CONFIG_FILE))
     if resume:
         _check_resumable(config)
