@@ -52,9 +52,9 @@ def test_unknown_env_is_a_one_line_user_error(cli_main, tmp_path):
 
 
 def test_bad_values_exit_2_naming_the_field(cli_main, tmp_path):
-    for args, needle in ((["--ppo.num-minibatches", "7"], "ppo.num_minibatches"),
-                         (["--ppo.dual-clip", "0.5"], "ppo.dual_clip"),
-                         (["--ppo.gamma", "1.5"], "ppo.gamma")):
+    for args, needle in ((["--ppo.num-minibatches", "7"], "error: --ppo.num-minibatches = 7 is invalid"),
+                         (["--ppo.dual-clip", "0.5"], "error: --ppo.dual-clip = 0.5 is invalid"),
+                         (["--ppo.gamma", "1.5"], "error: --ppo.gamma = 1.5 is invalid")):  # the user's flags (issue 27)
         proc = cli_main(["train", "--run-dir", str(tmp_path / "r"), *args])
         assert proc.returncode == 2, (args, proc.stderr)
         assert needle in proc.stderr and "Traceback" not in proc.stderr

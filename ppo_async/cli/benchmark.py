@@ -10,7 +10,6 @@ from typing import Annotated, Literal
 import tyro
 
 from ppo_async.config import parse_assignments
-from ppo_async.study.benchmark import benchmark, report
 
 ModeChoice = Literal["sync", "barrier", "async"]
 
@@ -49,6 +48,8 @@ class BenchmarkCommand:
     """No per-run lines or progress bars."""
 
     def run(self) -> int:
+        from ppo_async.study.benchmark import benchmark, report  # here: `--help` and parse errors need no JAX
+
         if self.report_only:
             path = report(self.out)
             print(f"wrote {path}", flush=True)

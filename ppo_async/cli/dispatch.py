@@ -15,6 +15,7 @@ variables for XLA are set here, at the entry point, never at library import.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import sys
 import traceback
@@ -24,16 +25,14 @@ import tyro
 
 from ppo_async.cli.benchmark import BenchmarkCommand
 from ppo_async.cli.launch import LaunchCommand, split_launch
-from ppo_async.cli.parsing import PROG, parse
+from ppo_async.cli.parsing import PROG, as_command_line, parse
+from ppo_async.config import Config, env_check_deferred
+from ppo_async.config.checks import field_paths
 from ppo_async.cli.noise import quiet_library_noise
 from ppo_async.cli.tools import CompareCommand, EvalCommand, PlotCommand
 from ppo_async.cli.train import TrainCommand, prepare
 from ppo_async.cli.tune import TuneCommand
 from ppo_async.errors import ConfigError, DistributedFailure
-from ppo_async.report.metrics import NonFiniteError
-from ppo_async.run.checkpoint import CheckpointError
-from ppo_async.runtime import distributed
-from ppo_async.runtime.xla_flags import enable_compilation_cache
 
 COMMANDS: dict[str, type] = {
     "train": TrainCommand,
@@ -60,24 +59,34 @@ def parse_command(argv: Sequence[str], join: bool = False) -> Any:
     args = list(argv)
     name = args[0] if args and not args[0].startswith("-") else ""
     if name and name not in COMMANDS:
-        raise ConfigError(f"unknown command {name!r}: the commands are {', '.join(COMMANDS)} "
+        close = difflib.get_close_matches(name, list(COMMANDS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown command {name!r}: the commands are {', '.join(COMMANDS)}{hint} "
                           f"(see {PROG} --help)")
     defaults: dict[str, Any] = {}
     train_args: list[str] = []
-    if name == "train":
-        rest, defaults["train"] = prepare(args[1:], join=join)
-        args = [name, *rest]
-    elif name == "launch":
-        own, train_args = split_launch(args[1:])
-        args = [name, *own]
-    choices = tuple(
-        Annotated[cls, tyro.conf.subcommand(command, default=defaults.get(command, tyro.MISSING_NONPROP))]
-        for command, cls in COMMANDS.items()
-    )
-    command = parse(Union[choices], args, command=name, description=DESCRIPTION)  # type: ignore[valid-type]
+    with env_check_deferred():  # the env name is checked when the command runs: --help and other errors need no JAX
+        if name == "train":
+            rest, defaults["train"] = prepare(args[1:], join=join)
+            args = [name, *rest]
+        elif name == "launch":
+            own, train_args = split_launch(args[1:])
+            args = [name, *own]
+        choices = tuple(
+            Annotated[cls, tyro.conf.subcommand(command, default=defaults.get(command, tyro.MISSING_NONPROP))]
+            for command, cls in COMMANDS.items()
+        )
+        command = parse(Union[choices], args, command=name, description=DESCRIPTION)  # type: ignore[valid-type]
     if isinstance(command, LaunchCommand):
         command = dataclasses.replace(command, train_args=tuple(train_args))
     return command
+
+
+def cli_fields() -> list[str]:
+    """The names an error may start with that the command line spells as flags: every dotted
+    Config field and every command's own options."""
+    own = [f.name for cls in COMMANDS.values() for f in dataclasses.fields(cls)]
+    return [*field_paths(Config), *own]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,18 +95,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     died; 130: interrupted). `--help` returns 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_library_noise()
-    enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
     try:
         return _finish_processes(_parse_and_run(argv))
-    except (ConfigError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return _finish_processes(2, str(exc))
     except DistributedFailure as exc:  # another process failed first: its failure, not this one's
         print(f"error: {exc}", file=sys.stderr)
         return _finish_processes(DistributedFailure.exit_status, str(exc), report=False)
-    except NonFiniteError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return _finish_processes(3, str(exc))
+    except Exception as exc:  # the user errors and NaN/inf; anything else is re-raised below
+        status = _status_of(exc)
+        if status is None:
+            raise
+        message = as_command_line(str(exc), cli_fields()) if status == 2 else str(exc)
+        print(f"error: {message}", file=sys.stderr)
+        return _finish_processes(status, str(exc))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return _finish_processes(130, "interrupted")
@@ -108,11 +117,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
 
 
+def _status_of(exc: BaseException) -> int | None:
+    """The exit status of an error that ends a command with one line (2: a `ConfigError` or a
+    `CheckpointError`; 3: a `NonFiniteError`), None for any other. The modules defining the
+    last two are looked up where already imported: until they are, they cannot have raised."""
+    if isinstance(exc, ConfigError):
+        return 2
+    checkpoint = sys.modules.get("ppo_async.run.checkpoint")
+    if checkpoint is not None and isinstance(exc, checkpoint.CheckpointError):
+        return 2
+    metrics = sys.modules.get("ppo_async.report.metrics")
+    if metrics is not None and isinstance(exc, metrics.NonFiniteError):
+        return 3
+    return None
+
+
 def _parse_and_run(argv: list[str]) -> int:
     try:
         command = parse_command(argv, join=True)
     except SystemExit as exc:  # --help: tyro printed it
         return exc.code if isinstance(exc.code, int) else 0
+    from ppo_async.runtime.xla_flags import enable_compilation_cache  # imports JAX: only for a command that runs
+
+    enable_compilation_cache()  # persistent XLA cache ($PPO_ASYNC_COMPILATION_CACHE=0 turns it off)
     return command.run()
 
 
@@ -134,6 +161,8 @@ def _finish_processes(code: int, failure: str = "", report: bool = True) -> int:
     if code == 0:
         sys.modules["jax"].distributed.shutdown()
         return code
+    from ppo_async.runtime import distributed
+
     distributed.leave_after_failure(failure or f"exit status {code}", report=report)
     sys.stdout.flush()
     sys.stderr.flush()

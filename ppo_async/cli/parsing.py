@@ -11,9 +11,12 @@ tyro printed, flattened.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
 import io
 import re
 import sys
+import typing
 from typing import Any, Callable, Iterator, Sequence
 
 import tyro
@@ -35,7 +38,7 @@ def parse(target: Any, args: Sequence[str], prog: str = PROG, *, command: str = 
     line, prefixed `COMMAND: ` when `command` is given (`unknown(tokens)` for unrecognised
     arguments, when given). `--help` prints the help and raises SystemExit(0), as tyro does."""
     captured = io.StringIO()
-    hook = _Hook(list(args), command, unknown)
+    hook = _Hook(list(args), command, unknown, dataclass_flags(target))
     try:
         with contextlib.redirect_stderr(captured), _on_parse_error(hook):
             parsed = tyro.cli(target, args=list(args), prog=prog, default=default, description=description,
@@ -58,6 +61,52 @@ def _on_parse_error(hook: Callable[[Any], None]) -> Iterator[None]:
         yield
 
 
+def flag_of(path: str) -> str:
+    """The command-line flag of a dotted field: `"ppo.clip_eps"` -> `"--ppo.clip-eps"`."""
+    return "--" + path.replace("_", "-")
+
+
+def dataclass_flags(target: Any, prefix: str = "") -> list[str]:
+    """Every flag of the dataclasses in `target` (a dataclass, or a Union / Annotated of them,
+    as tyro reads it): nested sections as `--section.field`, a section named "" flattened."""
+    if dataclasses.is_dataclass(target):
+        flags = []
+        try:
+            hints = typing.get_type_hints(target, include_extras=True)
+        except NameError:  # an annotation naming what its module imports only for type checkers
+            hints = {}
+        for f in dataclasses.fields(target):
+            hint = hints.get(f.name, f.type)
+            inner = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+            name = "" if any(getattr(m, "name", None) == "" for m in typing.get_args(hint)[1:]) else f.name
+            if dataclasses.is_dataclass(inner):
+                flags += dataclass_flags(inner, f"{prefix}{name}." if name else prefix)
+            else:
+                flags.append(flag_of(prefix + f.name))
+        return flags
+    return [flag for arg in typing.get_args(target) for flag in dataclass_flags(arg, prefix)]
+
+
+def did_you_mean_flag(token: str, flags: Sequence[str]) -> str:
+    """`"; did you mean --ppo.gamma?"` for the flags nearest to `token` (difflib), else `""`."""
+    close = difflib.get_close_matches(token.partition("=")[0], list(dict.fromkeys(flags)), n=3, cutoff=0.6)
+    return "; did you mean " + " or ".join(close) + "?" if close else ""
+
+
+_ASSIGNMENT = re.compile(r"^(?:[a-z]+: )?([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*) = ")
+
+
+def as_command_line(message: str, fields: Sequence[str]) -> str:
+    """A ConfigError's message in the command line's words: a leading `COMMAND: ` dropped and a
+    leading `field = ` naming one of `fields` (dotted) written as its flag:
+    `"train: ppo.clip_eps = 2.0 is invalid: ..."` -> `"--ppo.clip-eps = 2.0 is invalid: ..."`."""
+    message = re.sub(r"^[a-z]+: (?=--[\w.-]+ = )", "", message)
+    match = _ASSIGNMENT.match(message)
+    if match is None or match.group(1) not in fields:
+        return message
+    return flag_of(match.group(1)) + message[match.end(1):]
+
+
 def flatten(box: str) -> str:
     """tyro's error box as one line: no box drawing, no help footer, whitespace collapsed."""
     text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", box).split())
@@ -67,8 +116,9 @@ def flatten(box: str) -> str:
 class _Hook:
     """Turns tyro's parse-error events into one-line ConfigErrors (unknown events fall through)."""
 
-    def __init__(self, args: list[str], command: str, unknown: Callable[[list[str]], str] | None) -> None:
-        self.args, self.unknown = args, unknown
+    def __init__(self, args: list[str], command: str, unknown: Callable[[list[str]], str] | None,
+                 flags: Sequence[str] = ()) -> None:
+        self.args, self.unknown, self.flags = args, unknown, flags
         self.prefix = f"{command}: " if command else ""
         self.see = f"(see {PROG} {command} --help)" if command else f"(see {PROG} --help)"
 
@@ -87,7 +137,12 @@ class _Hook:
                 return self.unknown(list(event.tokens))
             options = [t for t in event.tokens if t.startswith("-")]
             if options:
-                return f"unknown option(s) {options} {see}"
+                what = f"option {options[0]}" if len(options) == 1 else f"options {' '.join(options)}"
+                return f"unknown {what}{did_you_mean_flag(options[0], self.flags)} {see}"
+            after = _flag_before(self.args, list(event.tokens)[0]) if event.tokens else None
+            if after is not None:
+                return (f"{after} = {list(event.tokens)[0]!r} is invalid: {after} is a switch and takes no value "
+                        f"(give {after} alone, or its --no- form) {see}")
             return f"unexpected argument(s) {list(event.tokens)} {see}"
         if isinstance(event, tyro_errors.MissingArgs):
             names = [_name(a.arg) for a in event.missing_arguments]
@@ -113,6 +168,15 @@ class _Hook:
         if kind is None or value is None:
             return f"{flags[0]}: {message}"
         return f"{flags[0]} = {value!r} is invalid: must be {kind}"
+
+
+def _flag_before(args: Sequence[str], token: str) -> str | None:
+    """The flag just before the first `token` in `args` (a value given to a switch), else None."""
+    if token in args:
+        i = list(args).index(token)
+        if i > 0 and args[i - 1].startswith("--") and "=" not in args[i - 1]:
+            return args[i - 1]
+    return None
 
 
 def _given_value(args: Sequence[str], flags: Sequence[str]) -> str | None:

@@ -7,14 +7,9 @@ import dataclasses
 import os
 from typing import Annotated, Any, Sequence
 
-import pandas as pd
 import tyro
 
 from ppo_async.errors import ConfigError
-from ppo_async.modes.train import load
-from ppo_async.report import plots
-from ppo_async.report.analysis import summarize
-from ppo_async.run.policy import evaluate
 
 RunDirs = Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR", help_behavior_hint="(one or more)")]
 Labels = Annotated[tuple[str, ...] | None, tyro.conf.arg(metavar="A B ...", help_behavior_hint="(default: the directories' names)")]
@@ -77,6 +72,9 @@ class EvalCommand:
             raise ConfigError(f"--step = {self.step} is invalid: must be a checkpoint step >= 0")
 
     def run(self) -> int:
+        from ppo_async.modes.train import load  # here, not at import: `--help` and parse errors need no JAX
+        from ppo_async.run.policy import evaluate
+
         policy = load(self.run_dir, seed_index=self.seed_index, step=self.step)
         returns = evaluate(policy, self.episodes, seed=self.seed, deterministic=not self.stochastic)["returns"]
         kind = "stochastic" if self.stochastic else "deterministic"
@@ -114,6 +112,8 @@ def write_plots(run_dirs: Sequence[str], out: str | None = None, labels: Sequenc
     """`plots.plot_run` of every run; with several runs also `learning_curve_combined.png`
     (median and 25-75% band per run, labelled by `labels`, default the directory names) in
     `out` (default: the first run dir)."""
+    from ppo_async.report import plots
+
     labels = run_labels(run_dirs, labels)
     written: list[str] = []
     for run_dir, label in zip(run_dirs, labels):
@@ -157,6 +157,11 @@ class CompareCommand:
         _check_runs(self.run_dirs, self.labels)
 
     def run(self) -> int:
+        import pandas as pd
+
+        from ppo_async.report import plots
+        from ppo_async.report.analysis import summarize
+
         for run_dir in self.run_dirs:
             check_run_dir(run_dir)
         runs = {}

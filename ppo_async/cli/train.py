@@ -20,10 +20,8 @@ import tyro
 
 from ppo_async.cli.parsing import PROG, parse
 from ppo_async.cli.config_file import load_config_file
-from ppo_async.config import Config, DistributedConfig, config_from_dict, get_path, presets, replace_paths
-from ppo_async.modes.train import train
-from ppo_async.run.rundir import read_run_config
-from ppo_async.runtime import distributed
+from ppo_async.config import (Config, DistributedConfig, check_given_apply, config_from_dict, get_path, presets,
+                               replace_paths)
 
 CLI_RUN_DIR = "runs/<env>-<mode>-<timestamp>"
 """The CLI's default --run-dir (shown by `train --help`); replaced by `default_run_dir`."""
@@ -78,6 +76,8 @@ class TrainCommand:
     """Continue the run in RUN_DIR from its latest complete checkpoint, with the config in RUN_DIR/config.json (other flags: only --quiet, and --total-env-steps N to extend it)."""
     preset: tyro.conf.Suppress[dict] = dataclasses.field(default_factory=dict)
     """The env preset's fields in the default (dotted field -> value)."""
+    given: tyro.conf.Suppress[tuple] = ()
+    """The dotted fields the command line or the config file set (`given_fields`)."""
 
     def resolved(self) -> TrainRun:
         """The run: a plain `Config` with the CLI default run_dir made concrete, and the preset
@@ -85,6 +85,7 @@ class TrainCommand:
         cfg = self.cfg
         run_dir = cfg.run_dir if cfg.run_dir not in (None, CLI_RUN_DIR) else default_run_dir(cfg.env, cfg.mode)
         config = Config(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)}, "run_dir": run_dir})
+        check_given_apply(config, self.given)  # a field set by hand that this run never reads, whatever its value
         applied = {path: value for path, value in self.preset.items() if get_path(config, path) == value}
         return TrainRun(cfg=config, quiet=self.quiet, config=self.config, resume=self.resume, preset=applied)
 
@@ -124,6 +125,8 @@ def prepare(args: Sequence[str], join: bool = False) -> tuple[list[str], TrainCo
     given, rest = parse(_Given, args, command="train", return_unknown_args=True, add_help=False)
     helping = any(a in ("-h", "--help") for a in rest)
     if given.resume is not None and not helping:
+        from ppo_async.run.rundir import read_run_config  # reads checkpoints: JAX
+
         parse(_ResumeOptions, args, command="", unknown=_resume_refusal)
         return args, TrainCommand(cfg=cli_config(read_run_config(given.resume)), resume=given.resume)
     file_data = load_config_file(given.config) if given.config else {}
@@ -134,7 +137,17 @@ def prepare(args: Sequence[str], join: bool = False) -> tuple[list[str], TrainCo
     preset = presets.preset_changes(env, file_data)
     if preset:  # the preset on the file's config, for the env and mode as given
         base = replace_paths(base, {"env": env, "mode": mode, **preset})
-    return args, TrainCommand(cfg=cli_config(base), config=given.config, preset=preset)
+    return args, TrainCommand(cfg=cli_config(base), config=given.config, preset=preset,
+                              given=given_fields(args, file_data))
+
+
+def given_fields(args: Sequence[str], file_data: Mapping[str, Any]) -> tuple[str, ...]:
+    """The dotted fields `train ARGS` sets by flag (`--ppo.rho-bar 1.0` -> `ppo.rho_bar`) or its
+    config file sets (nested by `nest_dotted_keys`)."""
+    paths = [arg[2:].partition("=")[0].replace("-", "_") for arg in args if arg.startswith("--")]
+    for key, value in file_data.items():
+        paths += [f"{key}.{name}" for name in value] if isinstance(value, dict) else [str(key)]
+    return tuple(dict.fromkeys(paths))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +175,8 @@ def _join_processes(args: Sequence[str], file_data: dict) -> list[str]:
     asked = distributed_layout(args, file_data)
     if asked is None:
         return []
+    from ppo_async.runtime import distributed  # joining processes starts JAX
+
     joined = distributed.initialize(asked)
     return distributed.cluster_flags(joined) if asked.cluster != "none" and asked.process_id is None else []
 
@@ -178,6 +193,8 @@ def parse_train_args(args: Sequence[str]) -> TrainRun:
 def run_train(run: TrainRun) -> int:
     """Trains: a start line, the progress bar and a two-line summary; with `--quiet` only one
     line, the final return and the run directory. Warnings of the run are printed either way."""
+    from ppo_async.modes.train import train  # here, not at import: `--help` and config errors need no JAX
+
     config = run.cfg
     if not run.quiet:
         print(f"ppo_async: {config.env}, mode={config.mode}, {config.num_seeds} seed(s) x "

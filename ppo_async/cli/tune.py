@@ -10,7 +10,6 @@ import tyro
 from ppo_async.cli.config_file import load_config_file
 from ppo_async.cli.train import default_run_dir
 from ppo_async.config.presets import describe
-from ppo_async.study.tune import start_config, tune
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +44,8 @@ class TuneCommand:
     """Print only the chosen setting and where the report is."""
 
     def run(self) -> int:
+        from ppo_async.study.tune import start_config, tune  # here: `--help` and parse errors need no JAX
+
         config, filled = start_config(load_config_file(self.config) if self.config else {}, self.env)
         out = self.out or default_run_dir(config.env, "tune").replace(f"{config.env}-tune", f"tune-{config.env}")
         if not self.quiet:
