@@ -9,16 +9,19 @@ interface on EnvPool's C++ thread pool (no GIL while it steps). May import:
 `ppo_async.errors` only (the env options arrive as a plain record).
 """
 
-from ppo_async.envs.base import (
-    Env,
-    EnvState,
-    EnvStep,
-    GymnasiumSpec,
-    env_action,
-    make_env,
-    reset_envs,
-    step_envs,
-)
+import importlib
+from typing import Any
+
+_BASE_NAMES = ("Env", "EnvState", "EnvStep", "GymnasiumSpec", "env_action", "make_env", "reset_envs", "step_envs")
+
+
+def __getattr__(name: str) -> Any:
+    """`ppo_async.envs.<name>` from `envs.base`, imported on first use (PEP 562): importing the
+    package (as `envs.registry`'s users do to check env names) imports no JAX."""
+    if name not in _BASE_NAMES:
+        raise AttributeError(f"module 'ppo_async.envs' has no attribute {name!r}")
+    return getattr(importlib.import_module("ppo_async.envs.base"), name)
+
 
 __all__ = [
     "Env",
