@@ -46,6 +46,7 @@ from ppo_async.config.sections import (
     ThreadedConfig,
     check_env_options,
     check_fields_apply,
+    check_config_type,
     check_given_apply,
     env_check_deferred,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "check_env_options",
     "check_field_types",
     "check_fields_apply",
+    "check_config_type",
     "check_given_apply",
     "env_check_deferred",
     "config_from_dict",

@@ -11,19 +11,18 @@ Two checks, both raising `ConfigError` naming the field that drives the size:
 
 The estimate is a lower bound (the env's observation and action sizes are not in the config,
 so each counts as 1 float), so a refused config would certainly not fit. Nothing here imports
-JAX.
+JAX, nor the config sections (`config` arguments are `Config`s; a section's defaults are read
+from the config's own classes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from ppo_async.errors import ConfigError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ppo_async.config.sections import Config
 
 INT32_MAX = 2**31 - 1
 """Largest count a compiled program holds (step and iteration counters are int32)."""
@@ -59,7 +58,7 @@ def mlp_params(widths: Sequence[int], inputs: int = 1, outputs: int = 1) -> int:
     return sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:]))
 
 
-def param_count(config: "Config") -> int:
+def param_count(config: Any) -> int:
     """Parameters of one seed's actor-critic (1-float observations and actions): the actor
     MLP plus the critic MLP (or one torso with both heads when `network.shared_torso`)."""
     net = config.network
@@ -68,7 +67,7 @@ def param_count(config: "Config") -> int:
     return mlp_params(net.actor_hidden) + mlp_params(net.critic_hidden)
 
 
-def memory_terms(config: "Config", stacked_seeds: int | None = None) -> list[Term]:
+def memory_terms(config: Any, stacked_seeds: int | None = None) -> list[Term]:
     """The parts of `estimate_bytes`, each in bytes:
 
     - batch: seeds * batch_size * TRANSITION_FLOATS * 4 * BATCH_COPIES
@@ -99,7 +98,7 @@ def memory_terms(config: "Config", stacked_seeds: int | None = None) -> list[Ter
     return terms
 
 
-def estimate_bytes(config: "Config", stacked_seeds: int | None = None) -> int:
+def estimate_bytes(config: Any, stacked_seeds: int | None = None) -> int:
     """A lower bound of the memory a run of `config` needs: the sum of `memory_terms`."""
     return sum(term.bytes for term in memory_terms(config, stacked_seeds))
 
@@ -121,12 +120,12 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def driver(config: "Config", fields: Sequence[str]) -> str:
+def driver(config: Any, fields: Sequence[str]) -> str:
     """Of `fields` (dotted), the one furthest above its default (value / default): the field
     that drives a size. Sequences count by their largest element."""
     best, best_ratio = fields[0], -1.0
     for path in fields:
-        value, base = _value(config, path), _default(path)
+        value, base = _value(config, path), _default(config, path)
         ratio = value / max(base, 1)
         if ratio > best_ratio:
             best, best_ratio = path, ratio
@@ -142,14 +141,12 @@ def _value(config: object, path: str) -> int:
     return int(node or 0)
 
 
-def _default(path: str) -> int:
-    """The default of a dotted field as a count (a sequence: its largest element)."""
-    from ppo_async.config import sections
-
-    section, _dot, name = path.rpartition(".")
-    cls = sections.Config
-    if section:
-        cls = {f.name: f.default_factory for f in dataclasses.fields(sections.Config)}[section]  # type: ignore[assignment]
+def _default(config: Any, path: str) -> int:
+    """The default of a dotted field of `config`'s classes as a count (a sequence: its largest element)."""
+    cls: Any = type(config)
+    *sections, name = path.split(".")
+    for section in sections:
+        cls = {f.name: f.default_factory for f in dataclasses.fields(cls)}[section]  # the section's class
     field = {f.name: f for f in dataclasses.fields(cls)}[name]
     value = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
     if isinstance(value, (tuple, list)):
@@ -157,19 +154,19 @@ def _default(path: str) -> int:
     return int(value or 1)
 
 
-def _refuse(config: "Config", fields: Sequence[str], what: str) -> None:
+def _refuse(config: Any, fields: Sequence[str], what: str) -> None:
     name = driver(config, fields)
     raise ConfigError(f"{name} = {_shown(config, name)!r} is invalid: {what}")
 
 
-def _shown(config: "Config", path: str) -> object:
+def _shown(config: Any, path: str) -> object:
     node: object = config
     for part in path.split("."):
         node = getattr(node, part)
     return node
 
 
-def check_sizes(config: "Config") -> None:
+def check_sizes(config: Any) -> None:
     """ConfigError for a count beyond what a compiled program holds (int32) or a sane bound:
     num_seeds <= MAX_SEEDS; the network's parameters (`param_count`), batch_size (num_envs * num_steps ...), num_iterations
     (total_env_steps / batch_size) and the run's SGD steps (num_iterations * num_epochs *
@@ -192,7 +189,7 @@ def check_sizes(config: "Config") -> None:
                 f"the run's SGD steps (iterations * ppo.num_epochs * ppo.num_minibatches = {sgd:,}) must be <= 2^31 - 1")
 
 
-def check_memory(config: "Config", limit_bytes: int | None, stacked_seeds: int | None = None,
+def check_memory(config: Any, limit_bytes: int | None, stacked_seeds: int | None = None,
                  where: str = "host memory") -> None:
     """ConfigError when `estimate_bytes(config, stacked_seeds)` exceeds `limit_bytes` (nothing
     when the limit is unknown), naming the field driving the largest term, the estimate and
@@ -209,27 +206,18 @@ def check_memory(config: "Config", limit_bytes: int | None, stacked_seeds: int |
                             f"{format_bytes(limit_bytes)}")
 
 
-def check_fits_machine(config: "Config", stacked_seeds: int | None = None) -> None:
+def check_fits_machine(config: Any, stacked_seeds: int | None = None) -> None:
     """`check_memory` against this machine's physical memory (`host_memory_bytes`); the entry
     points that compile (`train`, `sweep`) call it before anything is allocated."""
     check_memory(config, host_memory_bytes(), stacked_seeds)
 
 
-def check_config_type(config: object, name: str = "config") -> None:
-    """TypeError naming the argument when `config` is not a `Config` (e.g. a string or a dict)."""
-    from ppo_async.config.sections import Config
-
-    if not isinstance(config, Config):
-        hint = " (build one with ppo_async.config_from_dict)" if isinstance(config, dict) else ""
-        raise TypeError(f"{name} = {config!r:.60} is invalid: must be a ppo_async.Config, not {type(config).__name__}{hint}")
-
-
-def budget_blame(config: "Config") -> str:
+def budget_blame(config: Any) -> str:
     """The field to name when the learner batch exceeds `total_env_steps`: the batch's driver
     (`rollout.num_envs` / `rollout.num_steps`) when it is further above its default than
     total_env_steps is below its own, else `total_env_steps`."""
     shape = ("rollout.num_envs", "rollout.num_steps")
     name = driver(config, shape)
-    up = _value(config, name) / _default(name)
-    down = _default("total_env_steps") / max(config.total_env_steps, 1)
+    up = _value(config, name) / _default(config, name)
+    down = _default(config, "total_env_steps") / max(config.total_env_steps, 1)
     return name if up > down else "total_env_steps"

@@ -717,3 +717,9 @@ def check_given_apply(config: Config, paths: Any) -> None:
             why = _ppo_inert_reason(config.ppo, name)
             if why is not None:
                 _inert(path, getattr(config.ppo, name), why)
+
+def check_config_type(config: object, name: str = "config") -> None:
+    """TypeError naming the argument when `config` is not a `Config` (e.g. a string or a dict)."""
+    if not isinstance(config, Config):
+        hint = " (build one with ppo_async.config_from_dict)" if isinstance(config, dict) else ""
+        raise TypeError(f"{name} = {config!r:.60} is invalid: must be a ppo_async.Config, not {type(config).__name__}{hint}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ppo_async.config import Config, ConfigError
-from ppo_async.config.resources import check_config_type, check_fits_machine
+from ppo_async.config import Config, ConfigError, check_config_type
+from ppo_async.config.resources import check_fits_machine
 from ppo_async.runtime.distributed import initialize, is_multi_process, process_log_path
 from ppo_async.run.policy import Policy, check_seed_index
 from ppo_async.run.recorder import RunRecorder, import_wandb

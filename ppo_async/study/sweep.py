@@ -44,7 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
-from ppo_async.config.resources import MAX_SEEDS, check_config_type, check_fits_machine
+from ppo_async.config import check_config_type
+from ppo_async.config.resources import MAX_SEEDS, check_fits_machine
 from ppo_async.core.lag import make_schedule, num_samplers_of
 from ppo_async.core.learner import (
     SGD_SHAPE_FIELDS,
