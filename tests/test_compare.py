@@ -77,14 +77,25 @@ def test_compare_writes_overlays_and_prints_summarize(two_runs, tmp_path, capsys
             assert saved.loc[label, column] == pytest.approx(expected[label][column], rel=1e-12)
 
 
-def test_compare_defaults_labels_and_out_dir(two_runs, capsys):
+def test_compare_defaults_labels_and_out_dir(two_runs, capsys, tmp_path, monkeypatch):
     base, lag2 = two_runs
+    monkeypatch.chdir(tmp_path)
     assert main(["compare", str(base), str(lag2)]) == 0
     rows = table_rows(capsys.readouterr().out)
     assert set(rows) == {"header", "base", "lag2"}  # the directories' names
     assert "steps_to_threshold_median" not in rows["header"]  # no --threshold
-    out = base.parent / "compare"  # the first run dir's parent / "compare"
+    (out,) = (tmp_path / "compare").iterdir()  # compare/<timestamp> in the working directory, outside the runs'
     assert sorted(os.listdir(out)) == sorted([*plots.COMPARE_FILES, "summary.csv"])
+    assert not (base.parent / "compare").exists()  # so `compare RUNS/*` names only runs after a first compare
+
+
+def test_plot_labels_leave_the_runs_own_pngs(two_runs, tmp_path, capsys):
+    base, lag2 = two_runs
+    before = {p.name: p.stat().st_mtime_ns for p in base.glob("*.png")}
+    out = tmp_path / "figs"
+    assert main(["plot", str(base), str(lag2), "--labels", "sync", "lagged", "--out", str(out)]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in base.glob("*.png")} == before  # not rewritten
+    assert (out / "sync" / "learning_curve.png").stat().st_size > 0 and (out / "learning_curve_combined.png").is_file()
 
 
 def test_compare_user_errors_exit_2_with_one_line(two_runs, tmp_path, capsys):

@@ -4,6 +4,7 @@ PNG plots) and `compare` (overlaid figures and the summary table of several runs
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 from typing import Annotated, Any, Sequence
 
@@ -94,8 +95,8 @@ class PlotCommand:
     """The run directories (each holds metrics.jsonl)."""
     labels: Labels = None
     """One label per RUN_DIR, in order, for the legends; takes every value up to the next option."""
-    out: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: the first RUN_DIR)")] = None
-    """Where the combined learning curve of several runs, learning_curve_combined.png, goes."""
+    out: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: plots/<timestamp>, outside every RUN_DIR)")] = None
+    """Where the combined learning curve of several runs, learning_curve_combined.png, goes; with --labels also each run's relabelled plots (OUT/<label>/), so the PNGs inside the run directories are left as the run wrote them."""
 
     def __post_init__(self) -> None:
         _check_runs(self.run_dirs, self.labels)
@@ -103,21 +104,26 @@ class PlotCommand:
     def run(self) -> int:
         for run_dir in self.run_dirs:
             check_run_dir(run_dir)
-        for path in write_plots(self.run_dirs, self.out, self.labels):
+        combined_or_relabelled = len(self.run_dirs) > 1 or self.labels is not None
+        out = (self.out or default_output_dir("plots")) if combined_or_relabelled else self.out
+        for path in write_plots(self.run_dirs, out, self.labels):
             print(path)
         return 0
 
 
 def write_plots(run_dirs: Sequence[str], out: str | None = None, labels: Sequence[str] | None = None) -> list[str]:
-    """`plots.plot_run` of every run; with several runs also `learning_curve_combined.png`
-    (median and 25-75% band per run, labelled by `labels`, default the directory names) in
-    `out` (default: the first run dir)."""
+    """`plots.plot_run` of every run, into the run dir or, when `labels` are given, into
+    `out/<label>/` (a relabelled figure never replaces the run's own); with several runs also
+    `learning_curve_combined.png` (median and 25-75% band per run, labelled by `labels`,
+    default the directory names) in `out` (default: the first run dir)."""
     from ppo_async.report import plots
 
+    relabelled = labels is not None
     labels = run_labels(run_dirs, labels)
     written: list[str] = []
     for run_dir, label in zip(run_dirs, labels):
-        written.extend(plots.plot_run(run_dir, label=label))
+        target = os.path.join(out or run_dirs[0], label) if relabelled else None
+        written.extend(plots.plot_run(run_dir, label=label, out_dir=target))
     if len(run_dirs) > 1:
         runs = {label: plots.read_run_metrics(d, "plot") for d, label in zip(run_dirs, labels)}
         path = os.path.join(out or run_dirs[0], "learning_curve_combined.png")
@@ -126,9 +132,15 @@ def write_plots(run_dirs: Sequence[str], out: str | None = None, labels: Sequenc
     return written
 
 
+def default_output_dir(command: str) -> str:
+    """`compare`'s and `plot`'s default --out: COMMAND/<timestamp> under the working directory,
+    outside the runs' directory, so `compare runs/*` still names only runs after a first compare."""
+    return os.path.join(command, datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+
+
 def default_compare_dir(run_dirs: Sequence[str]) -> str:
-    """`compare`'s default --out: the first run dir's parent / "compare"."""
-    return os.path.join(os.path.dirname(os.path.normpath(os.path.abspath(run_dirs[0]))), "compare")
+    """`compare`'s default --out (`default_output_dir("compare")`; `run_dirs` are not read)."""
+    return default_output_dir("compare")
 
 
 def summary_text(table: Any) -> str:
@@ -148,7 +160,7 @@ class CompareCommand:
     """The run directories (each holds metrics.jsonl)."""
     labels: Labels = None
     """One label per RUN_DIR, in order; takes every value up to the next option."""
-    out: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: the first RUN_DIR's parent / \"compare\")")] = None
+    out: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: compare/<timestamp>, outside every RUN_DIR)")] = None
     """Output directory."""
     threshold: Annotated[float | None, tyro.conf.arg(metavar="X", help_behavior_hint="(default: none)")] = None
     """Also report the median env steps to reach return X and how many seeds reach it ("k/n")."""
