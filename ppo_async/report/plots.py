@@ -14,6 +14,7 @@ overlaid figures of several runs (`python -m ppo_async compare`).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import warnings
@@ -213,14 +214,15 @@ def learning_curve(
     if not runs:
         raise ValueError("learning_curve needs at least one run")
     fig, ax = _figure()
-    plotted = 0
+    plotted, most_seeds = 0, 0
     for i, (name, df) in enumerate(runs.items()):
         _require(df, [x, y], f"learning_curve (run {name!r})")
         grid, median, q25, q75, n = seed_quantiles(df, x, y)
         if n == 0:
             continue
+        most_seeds = max(most_seeds, n)
         color = f"C{i % 10}"
-        ax.plot(grid, median, color=color, linewidth=1.8, label=f"{name} (median of {n} seed{'s' if n != 1 else ''})")
+        ax.plot(grid, median, color=color, linewidth=1.8, label=f"{name} (median of {n} seeds)" if n > 1 else f"{name} (1 seed)")
         if n > 1:
             ax.fill_between(grid, q25, q75, color=color, alpha=0.2, linewidth=0)
         plotted += 1
@@ -230,17 +232,19 @@ def learning_curve(
         _legend_outside(fig, ax)
     ax.set_xlabel(_X_LABELS.get(x, x))
     ax.set_ylabel(y.replace("_", " "))
-    ax.set_title("Learning curve (median over seeds, 25-75% band)")
+    ax.set_title("Learning curve (median over seeds, 25-75% band)" if most_seeds > 1 else "Learning curve (1 seed)")
     ax.grid(alpha=0.3)
     _save(fig, path)
     return fig
 
 
-def kl_over_time(df: pd.DataFrame, path: str | os.PathLike | None = None, x: str = "env_steps") -> Any:
+def kl_over_time(df: pd.DataFrame, path: str | os.PathLike | None = None, x: str = "env_steps",
+                 lagged: bool = True) -> Any:
     """`approx_kl` (solid) and `approx_kl_max` (dashed, if present) against env steps, mean over
-    seeds, with guide lines at 0.01 ("watch") and 0.03 ("lag hurting").
+    seeds, with guide lines at 0.01 ("watch") and 0.03 ("lag hurting") when `lagged` (a run
+    without lag, e.g. sync mode, gets no lag guides: nothing of its KL comes from lag).
 
-    `fig.axes[0].lines`: [approx_kl, approx_kl_max (if present), 0.01 guide, 0.03 guide].
+    `fig.axes[0].lines`: [approx_kl, approx_kl_max (if present), 0.01 guide, 0.03 guide (lagged only)].
     """
     _require(df, [x, "approx_kl"], "kl_over_time")
     cols = ["approx_kl"] + (["approx_kl_max"] if "approx_kl_max" in df.columns else [])
@@ -249,7 +253,8 @@ def kl_over_time(df: pd.DataFrame, path: str | os.PathLike | None = None, x: str
     ax.plot(agg[x], agg["approx_kl"], color="C0", linewidth=1.6, label="approx_kl (mean over minibatches)")
     if "approx_kl_max" in cols:
         ax.plot(agg[x], agg["approx_kl_max"], color="C0", linestyle="--", linewidth=1.0, label="approx_kl_max")
-    _kl_guides(ax)
+    if lagged:
+        _kl_guides(ax)
     ax.set_xlabel(_X_LABELS.get(x, x))
     ax.set_ylabel("KL to behaviour policy")
     notes = ("mean over seeds" if df.get("seed") is not None and df["seed"].nunique() > 1 else "") + _points_note(df)
@@ -297,12 +302,13 @@ def summed_lag_histogram(df: pd.DataFrame) -> np.ndarray:
     return analysis.lag_histogram_of(df)
 
 
-def lag_histogram(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
+def lag_histogram(df: pd.DataFrame, path: str | os.PathLike | None = None, open_ended: bool = True) -> Any:
     """Bar chart of the samples of consumed batches per lag (including those the stale filter
     dropped), summed over all rows (iterations, seeds).
 
-    Bar i of `fig.axes[0].patches` has the height of the summed count for lag i; the last
-    bucket holds every lag >= its index (its tick reads "\u2265H-1").
+    Bar i of `fig.axes[0].patches` has the height of the summed count for lag i; with
+    `open_ended` (threaded runs) the last bucket holds every lag >= its index (its tick reads
+    "\u2265H-1"), else (simulated / sync: the histogram spans every possible lag) it is exact.
     """
     counts = summed_lag_histogram(df)
     lags = np.arange(len(counts))
@@ -313,7 +319,7 @@ def lag_histogram(df: pd.DataFrame, path: str | os.PathLike | None = None) -> An
     ax.set_ylabel("samples in consumed batches")
     mean = float((lags * counts).sum() / total) if total > 0 else math.nan
     ax.set_title(f"Lag histogram ({int(total):,} samples, mean lag {mean:.2f})")
-    _lag_ticks(ax, len(lags))
+    _lag_ticks(ax, len(lags), open_ended)
     ax.grid(alpha=0.3, axis="y")
     _save(fig, path)
     return fig
@@ -354,14 +360,14 @@ def lag_histograms(runs: Mapping[str, pd.DataFrame] | pd.DataFrame, path: str | 
     return fig
 
 
-def _lag_ticks(ax: Any, num_buckets: int) -> None:
-    """Lag ticks; the last bucket also holds every larger lag, so it reads ">=H-1"."""
+def _lag_ticks(ax: Any, num_buckets: int, open_ended: bool = True) -> None:
+    """Lag ticks; with `open_ended` the last bucket also holds every larger lag, so it reads ">=H-1"."""
     if num_buckets == 0:
         return
     lags = np.arange(num_buckets)
     ticks = lags if num_buckets <= 32 else np.unique(np.append(lags[:: max(1, num_buckets // 16)], lags[-1]))
     ax.set_xticks(ticks)
-    ax.set_xticklabels([str(t) if t < num_buckets - 1 else f"\u2265{t}" for t in ticks])
+    ax.set_xticklabels([str(t) if t < num_buckets - 1 or not open_ended else f"\u2265{t}" for t in ticks])
 
 
 def mean_kl_per_lag(df: pd.DataFrame) -> np.ndarray:
@@ -378,9 +384,10 @@ def mean_kl_per_lag(df: pd.DataFrame) -> np.ndarray:
         return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
-def kl_per_lag(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
+def kl_per_lag(df: pd.DataFrame, path: str | os.PathLike | None = None, open_ended: bool = True) -> Any:
     """Bars of the mean `approx_kl` per lag bucket (unweighted mean over the rows that had
-    samples of that lag); buckets without any sample get no bar. Guides at 0.01 / 0.03."""
+    samples of that lag); buckets without any sample get no bar. Guides at 0.01 / 0.03; the
+    last bucket's tick as in `lag_histogram`."""
     means = mean_kl_per_lag(df)
     lags = np.arange(len(means))
     ok = np.isfinite(means)
@@ -392,7 +399,7 @@ def kl_per_lag(df: pd.DataFrame, path: str | os.PathLike | None = None) -> Any:
     ax.set_title("KL per lag" + (f" (no samples at lag {', '.join(map(str, lags[~ok]))})" if (~ok).any() and (~ok).sum() <= 8 else ""))
     if len(lags):
         ax.set_xlim(-0.6, len(lags) - 0.4)
-        _lag_ticks(ax, len(lags))
+        _lag_ticks(ax, len(lags), open_ended)
     return _finish(fig, ax, path, grid_axis="y")
 
 
@@ -596,8 +603,25 @@ def _has_values(df: pd.DataFrame, column: str, lists: bool = False) -> bool:
     return bool(np.isfinite(_numeric(df[column])).any())
 
 
-def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
-    """Reads `run_dir/metrics.jsonl` and writes every applicable PNG into `run_dir`:
+def _has_lag(lists: pd.DataFrame) -> bool:
+    """Whether a run's summed lag histogram has any sample at lag >= 1."""
+    if not _has_values(lists, "lag_histogram", lists=True):
+        return False
+    counts = analysis.lag_histogram_of(lists)
+    return bool(counts[1:].sum() > 0)
+
+
+def _run_mode(run_dir: str) -> str | None:
+    """The mode in `run_dir/config.json`, None when it cannot be read."""
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            return json.load(f).get("mode")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def plot_run(run_dir: str | os.PathLike, label: str | None = None, out_dir: str | os.PathLike | None = None) -> list[str]:
+    """Reads `run_dir/metrics.jsonl` and writes every applicable PNG into `out_dir` (default `run_dir`):
     learning_curve.png, kl_over_time.png, throughput.png, and lag_histogram.png /
     kl_per_lag.png / sampler_time.png (threaded) when those columns exist. A plot whose columns have no finite value yet
     (e.g. no episode finished) is skipped. `label` names the run in the learning curve's
@@ -613,8 +637,11 @@ def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
     name = label or os.path.basename(os.path.normpath(os.path.abspath(run_dir))) or "run"
     written: list[str] = []
 
+    target = run_dir if out_dir is None else os.fspath(out_dir)
+    os.makedirs(target, exist_ok=True)
+
     def out(stem: str) -> str:
-        p = os.path.join(run_dir, f"{stem}.png")
+        p = os.path.join(target, f"{stem}.png")
         written.append(p)
         return p
 
@@ -622,14 +649,16 @@ def plot_run(run_dir: str | os.PathLike, label: str | None = None) -> list[str]:
     # in a reference cycle until a garbage collection), so the next figure reuses their memory.
     if _has_values(curves, "episode_return") and "env_steps" in curves.columns:
         learning_curve({name: curves}, x="env_steps", path=out("learning_curve")).clear()
+    lagged = _has_lag(lists)
+    open_ended = _run_mode(run_dir) in ("threaded", None)  # a threaded histogram's last bucket is a catch-all
     if _has_values(curves, "approx_kl") and "env_steps" in curves.columns:
-        kl_over_time(curves, path=out("kl_over_time")).clear()
+        kl_over_time(curves, path=out("kl_over_time"), lagged=lagged).clear()
     if _has_values(curves, "steps_per_second") and "wall_time" in curves.columns:
         throughput(curves, path=out("throughput")).clear()
-    if _has_values(lists, "lag_histogram", lists=True):
-        lag_histogram(lists, path=out("lag_histogram")).clear()
-    if _has_values(lists, "kl_per_lag", lists=True):
-        kl_per_lag(lists, path=out("kl_per_lag")).clear()
+    if lagged:  # a run at lag 0 throughout (sync) gets no lag figures: they would show one bar at 0
+        lag_histogram(lists, path=out("lag_histogram"), open_ended=open_ended).clear()
+        if _has_values(lists, "kl_per_lag", lists=True):
+            kl_per_lag(lists, path=out("kl_per_lag"), open_ended=open_ended).clear()
     if all(c in lists.columns for c, _ in SAMPLER_TIME_COLUMNS):
         sampler_time_split(lists, path=out("sampler_time")).clear()
     return written
