@@ -66,7 +66,7 @@ def make_files(root) -> dict[str, str]:
         "typo.yaml": "ppo:\n  gama: 0.9\n",
         "typo_top.json": '{"totl_env_steps": 1000}',
         "bad_value.yaml": "rollout:\n  num_envs: 0\n",
-        "rho.yaml": "ppo:\n  rho_bar: 1.0\n",
+        "rho.yaml": "ppo:\n  rho_bar: 2.0\n",
         "list.json": "[1, 2]",
         "broken.json": '{"seed": ',
         "broken.yaml": "ppo: [1, 2\n",

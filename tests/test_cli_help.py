@@ -46,9 +46,9 @@ def test_train_help_describes_resume_quiet_config_and_the_run_dir_default(cli_ma
               "--stochastic, --no-stochastic Sample actions instead of the deterministic"]),
     ("plot", ["RUN_DIR The run directories", "--labels A B ... One label per RUN_DIR",
               "(default: the directories' names)", "--out DIR Where the combined learning curve",
-              "(default: the first RUN_DIR)"]),
+              "(default: plots/<timestamp>, outside every RUN_DIR)"]),
     ("compare", ["RUN_DIR The run directories", "--labels A B ... One label per RUN_DIR", "--out DIR Output directory",
-                 "(default: the first RUN_DIR's parent / \"compare\")",
+                 "(default: compare/<timestamp>, outside every RUN_DIR)",
                  "--threshold X Also report the median env steps to reach return X"]),
     ("tune", ["--config FILE JSON or YAML starting config", "--env NAME The env", "--kl-target X Mean KL",
               "(default: 0.02)", "--budget-per-run N Env steps of each run", "--out DIR Output directory",
@@ -154,7 +154,7 @@ def test_progress_bar_keeps_the_last_known_return():
     """Pendulum finishes an episode every 200 steps: rows without one keep showing the last return."""
     from ppo_async.report.metrics import Progress
 
-    progress = Progress(total_env_steps=3000, enabled=True)
+    progress = Progress(total_env_steps=3000, enabled=True, tty=True)
     try:
         progress.update(1000, {"steps_per_second": 5000.0, "episode_return": -1234.5, "approx_kl": 0.01})
         assert "return=-1234.5" in progress._bar.postfix
@@ -164,7 +164,7 @@ def test_progress_bar_keeps_the_last_known_return():
         assert "return=-900.0" in progress._bar.postfix
     finally:
         progress.close()
-    fresh = Progress(total_env_steps=10, enabled=True)  # no episode finished yet: a dash
+    fresh = Progress(total_env_steps=10, enabled=True, tty=True)  # no episode finished yet: a dash
     fresh.update(5, {"episode_return": None})
     assert "return=-," in fresh._bar.postfix
     fresh.close()

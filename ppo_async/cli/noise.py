@@ -1,4 +1,5 @@
-"""What orbax / tensorstore print around a failed checkpoint read, silenced at the entry point."""
+"""Library noise silenced at the entry point: what orbax / tensorstore print around a failed
+checkpoint read, and third-party notices (Brax's maintenance warning, deprecations)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,13 @@ def quiet_library_noise() -> None:
     # ... and at exit "RuntimeWarning: coroutine 'Store._get_array_metadatas' was never
     # awaited" for orbax coroutines it never started (ppo_async itself has no coroutines).
     warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
+    # Third-party notices that say nothing about this run (the same filters as pytest's in
+    # pyproject.toml): Brax's maintenance notice, gymnax's / Brax's / JAXopt's deprecations.
+    warnings.filterwarnings("ignore", message="Brax System, piplines and environments are not actively being maintained",
+                            category=UserWarning)
+    warnings.filterwarnings("ignore", message="JAXopt is no longer maintained", category=DeprecationWarning)
+    for module in ("gymnax", "brax"):
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=module)
     for name in ("absl", "orbax", "asyncio"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     if absl_logging is not None:

@@ -77,7 +77,7 @@ class TrainCommand:
     preset: tyro.conf.Suppress[dict] = dataclasses.field(default_factory=dict)
     """The env preset's fields in the default (dotted field -> value)."""
     given: tyro.conf.Suppress[tuple] = ()
-    """The dotted fields the command line or the config file set (`given_fields`)."""
+    """The dotted fields the command line sets by flag (`given_fields`)."""
 
     def resolved(self) -> TrainRun:
         """The run: a plain `Config` with the CLI default run_dir made concrete, and the preset
@@ -137,16 +137,14 @@ def prepare(args: Sequence[str], join: bool = False) -> tuple[list[str], TrainCo
     preset = presets.preset_changes(env, file_data)
     if preset:  # the preset on the file's config, for the env and mode as given
         base = replace_paths(base, {"env": env, "mode": mode, **preset})
-    return args, TrainCommand(cfg=cli_config(base), config=given.config, preset=preset,
-                              given=given_fields(args, file_data))
+    return args, TrainCommand(cfg=cli_config(base), config=given.config, preset=preset, given=given_fields(args))
 
 
-def given_fields(args: Sequence[str], file_data: Mapping[str, Any]) -> tuple[str, ...]:
-    """The dotted fields `train ARGS` sets by flag (`--ppo.rho-bar 1.0` -> `ppo.rho_bar`) or its
-    config file sets (nested by `nest_dotted_keys`)."""
+def given_fields(args: Sequence[str]) -> tuple[str, ...]:
+    """The dotted fields `train ARGS` sets by flag (`--ppo.rho-bar 1.0` -> `ppo.rho_bar`). A
+    config file's keys are not counted: a saved config (RUN_DIR/config.json, tune's
+    chosen_config.json) lists every field, so its inert fields are refused by value only."""
     paths = [arg[2:].partition("=")[0].replace("-", "_") for arg in args if arg.startswith("--")]
-    for key, value in file_data.items():
-        paths += [f"{key}.{name}" for name in value] if isinstance(value, dict) else [str(key)]
     return tuple(dict.fromkeys(paths))
 
 
@@ -192,21 +190,24 @@ def parse_train_args(args: Sequence[str]) -> TrainRun:
 
 def run_train(run: TrainRun) -> int:
     """Trains: a start line, the progress bar and a two-line summary; with `--quiet` only one
-    line, the final return and the run directory. Warnings of the run are printed either way."""
+    line, the final return and the run directory. Each warning of the run is printed once
+    either way: as it arises above the progress, or (with `--quiet`) after the run."""
     from ppo_async.modes.train import train  # here, not at import: `--help` and config errors need no JAX
 
     config = run.cfg
     if not run.quiet:
         print(f"ppo_async: {config.env}, mode={config.mode}, {config.num_seeds} seed(s) x "
               f"{config.num_iterations * config.batch_size} env steps -> {config.run_dir}"
-              + (" (resuming)" if run.resume is not None else ""), flush=True)
+              + (" (resuming)" if run.resume is not None else "")
+              + "; compiling first (seconds to minutes on CPU), then the progress", flush=True)
         if run.preset:
             print(f"env preset for {config.env} (fields no flag or --config set): {presets.describe(run.preset)}",
                   flush=True)
     result = train(config, progress=not run.quiet, resume=run.resume is not None)
     finals = _finals(result.final_returns())
-    for message in result.extras.get("warnings", []):  # see ppo_async.report.health: even with --quiet
-        print(f"warning: {message}", flush=True)
+    if run.quiet:  # with the progress on, each warning was printed once as it arose (above the bar)
+        for message in result.extras.get("warnings", []):  # see ppo_async.report.health
+            print(f"warning: {message}", flush=True)
     if run.quiet:
         print(f"final return (mean of last 10% of iterations): {finals}; run dir: {config.run_dir}", flush=True)
         return 0

@@ -11,6 +11,8 @@ import array
 import json
 import math
 import os
+import sys
+import time
 from collections.abc import Sequence
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -128,21 +130,39 @@ def read_jsonl(path: str | os.PathLike, columns: Iterable[str] | None = None) ->
     return list(iter_jsonl(path, columns))
 
 
-class Progress:
-    """A tqdm bar over env steps showing steps/s, return, KL (and lag where there is one)."""
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} env steps [{elapsed}<{remaining}{postfix}]"
+"""The bar without tqdm's own rate: the one throughput figure is the run's `sps` in the postfix."""
 
-    def __init__(self, total_env_steps: int, enabled: bool = True, desc: str = "train") -> None:
+
+class Progress:
+    """Progress over env steps showing steps/s, return, KL (and lag where there is one).
+
+    On a terminal (stderr a TTY) or in a notebook (tqdm.auto's widget) a bar; otherwise (redirected to a file, a CI log) plain
+    lines, one per `every_s` seconds and one at the end, never `\r` frames.
+    """
+
+    def __init__(self, total_env_steps: int, enabled: bool = True, desc: str = "train", tty: bool | None = None,
+                 every_s: float = 10.0) -> None:
         self._bar = None
         self._last_return: Any = None
-        if enabled:
+        self._total, self._desc, self._every_s = total_env_steps, desc, every_s
+        self.enabled = enabled
+        self.tty = _interactive() if tty is None else tty
+        self.postfix = ""
+        self._n = 0
+        self._started = time.perf_counter()
+        self._last_line = -math.inf
+        if not enabled:
+            return
+        if self.tty:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total_env_steps, desc=desc, unit="step", unit_scale=True, dynamic_ncols=True)
+            self._bar = tqdm(total=total_env_steps, desc=desc, unit="step", unit_scale=True, dynamic_ncols=True,
+                             bar_format=BAR_FORMAT)
 
     def update(self, env_steps: int, row: Mapping[str, Any]) -> None:
-        if self._bar is None:
+        if not self.enabled:
             return
-        self._bar.update(env_steps - self._bar.n)
         if row.get("episode_return") is not None:  # iterations with no finished episode keep the last one
             self._last_return = row["episode_return"]
         post = {"sps": _fmt(row.get("steps_per_second")), "return": _fmt(self._last_return), "kl": _fmt(row.get("approx_kl"), 4)}
@@ -151,16 +171,43 @@ class Progress:
         warn = short_warning(row)
         if warn:
             post["WARN"] = warn
-        self._bar.set_postfix(post, refresh=False)
+        self.postfix = ", ".join(f"{k}={v}" for k, v in post.items())
+        self._n = env_steps
+        if self._bar is not None:
+            self._bar.update(env_steps - self._bar.n)
+            self._bar.set_postfix(post, refresh=False)
+            return
+        now = time.perf_counter()
+        if now - self._last_line >= self._every_s or env_steps >= self._total:
+            self._last_line = now
+            self._print_line()
+
+    def _print_line(self) -> None:
+        pct = 100.0 * self._n / max(self._total, 1)
+        print(f"{self._desc}: {self._n:,}/{self._total:,} env steps ({pct:.0f}%, {time.perf_counter() - self._started:.0f}s), "
+              f"{self.postfix}", file=sys.stderr, flush=True)
 
     def write(self, message: str) -> None:
-        """A line above the bar (nothing when the bar is off)."""
+        """A line above the bar, or a plain line without one (nothing when progress is off)."""
+        if not self.enabled:
+            return
         if self._bar is not None:
             self._bar.write(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            self._bar = None
+        elif self.enabled and self._n and time.perf_counter() - self._last_line > 0 and self._n < self._total:
+            self._print_line()  # where a run stopped early: its last state
+        self.enabled = False
+
+
+def _interactive() -> bool:
+    """Whether a live bar can redraw: stderr is a terminal, or this is a Jupyter kernel."""
+    return sys.stderr.isatty() or "ipykernel" in sys.modules
 
 
 def _fmt(value: Any, digits: int = 1) -> str:

@@ -166,8 +166,9 @@ def sweep(
       grid: dotted field name -> list of values.
       seeds: a number of seeds (config.seed, config.seed + 1, ...) or an explicit list.
       strategy: "vmap", "loop" or "auto".
-      progress: a progress bar per compiled group / config (a line per run in threaded sweeps);
-        on by default, `progress=False` for silence.
+      progress: one line per finished config (per vmapped group with strategy "vmap") with
+        `configs k/K` and an ETA (`GridProgress`; a line per run in threaded sweeps); on by
+        default, `progress=False` for silence.
     """
     import pandas as pd
 
@@ -189,8 +190,9 @@ def sweep(
         for index, (_, cfg) in enumerate(points):
             groups.setdefault(static_key(cfg), []).append(index)
         run_group = _run_group_vmap if strategy == "vmap" else _run_group_loop
+        tracker = GridProgress(len(points), len(groups), enabled=progress)
         for members in groups.values():
-            run_group(points, members, seed_list, totals, progress)
+            run_group(points, members, seed_list, totals, tracker)
         num_compiles = len(groups)
 
     df = pd.DataFrame(totals.rows)
@@ -253,6 +255,33 @@ def _labels(points: list, member: int, seed_list: list[int]) -> list[dict[str, A
     return [{"config_id": member, **encoded, "seed": s} for s in seed_list]
 
 
+class GridProgress:
+    """The progress of a whole sweep grid: one plain line per finished config (or vmapped group)
+    with `configs k/K`, the compiled group, elapsed time and an ETA (elapsed per config x configs
+    left), instead of an unlabelled bar per group. Lines, not bars: they read the same in a
+    terminal and in a redirected log."""
+
+    def __init__(self, num_configs: int, num_groups: int, enabled: bool = True) -> None:
+        self.total, self.num_groups, self.enabled = num_configs, num_groups, enabled
+        self.done_configs, self.group = 0, 0
+        self.started = time.perf_counter()
+
+    def line(self, finished: int, what: str) -> str:
+        """The line after `finished` more configs (`what` says which), and the counts updated."""
+        self.done_configs += finished
+        elapsed = time.perf_counter() - self.started
+        left = self.total - self.done_configs
+        eta = elapsed / max(self.done_configs, 1) * left
+        return (f"sweep: configs {self.done_configs}/{self.total} done ({what}; group {self.group}/{self.num_groups}), "
+                f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s")
+
+    def finished(self, count: int, what: str) -> None:
+        """Records `count` finished configs and prints the line (when enabled)."""
+        text = self.line(count, what)
+        if self.enabled:
+            print(text, flush=True)
+
+
 def _run(config: Config, labels: list, compiled: Any, states: Any, args: tuple, totals: SweepTotals, progress: bool,
          leading_axes: int = 1) -> None:
     """Runs one compiled program through a file-less recorder (checks, accounting, rows)."""
@@ -263,8 +292,10 @@ def _run(config: Config, labels: list, compiled: Any, states: Any, args: tuple, 
     totals.rows.extend(recorder.rows)
 
 
-def _run_group_vmap(points: list, members: list[int], seed_list: list[int], totals: SweepTotals, progress: bool) -> None:
+def _run_group_vmap(points: list, members: list[int], seed_list: list[int], totals: SweepTotals,
+                    tracker: GridProgress) -> None:
     """All configs x seeds of a group as one batched program."""
+    tracker.group += 1
     t0 = time.perf_counter()
     group = _group_program(points, members, len(seed_list), totals)
     stack = lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
@@ -275,11 +306,14 @@ def _run_group_vmap(points: list, members: list[int], seed_list: list[int], tota
     compiled = step.lower(states, *args).compile()
     totals.compile_seconds += time.perf_counter() - t0
     labels = [label for m in members for label in _labels(points, m, seed_list)]
-    _run(group.configs[0], labels, compiled, states, args, totals, progress, leading_axes=2)
+    _run(group.configs[0], labels, compiled, states, args, totals, False, leading_axes=2)
+    tracker.finished(len(members), f"configs {', '.join(map(str, members))} in one vmapped program")
 
 
-def _run_group_loop(points: list, members: list[int], seed_list: list[int], totals: SweepTotals, progress: bool) -> None:
+def _run_group_loop(points: list, members: list[int], seed_list: list[int], totals: SweepTotals,
+                    tracker: GridProgress) -> None:
     """One compiled (seed-vmapped) program, called once per config of the group."""
+    tracker.group += 1
     t0 = time.perf_counter()
     group = _group_program(points, members, len(seed_list), totals)
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seed_list])
@@ -288,7 +322,9 @@ def _run_group_loop(points: list, members: list[int], seed_list: list[int], tota
     totals.compile_seconds += time.perf_counter() - t0
     for c, cfg in enumerate(group.configs):
         args = (group.hparams[c], group.schedules[c])
-        _run(cfg, _labels(points, members[c], seed_list), compiled, group.init(keys), args, totals, progress)
+        _run(cfg, _labels(points, members[c], seed_list), compiled, group.init(keys), args, totals, False)
+        where = ", ".join(f"{key}={value!r}" for key, value in points[members[c]][0].items())
+        tracker.finished(1, f"config {members[c]}: {where}")
 
 
 def _run_threaded_points(points: list, seed_list: list[int], totals: SweepTotals, progress: bool) -> int:
@@ -297,6 +333,7 @@ def _run_threaded_points(points: list, seed_list: list[int], totals: SweepTotals
     samplers, buffer, refresh, latency, seeds or traced hyperparameters differ) reuse them."""
     keys = set()
     total = len(points) * len(seed_list)
+    started = time.perf_counter()
     for index, (point, cfg) in enumerate(points):
         placement = resolve_placement(cfg)
         keys.add(program_key(cfg, placement.sampler_devices, placement.learner_devices, lag_buckets_of(cfg)))
@@ -313,8 +350,10 @@ def _run_threaded_points(points: list, seed_list: list[int], totals: SweepTotals
             totals.run_seconds += seconds - result.compile_seconds
             totals.rows.extend(recorder.rows)
             if progress:
-                print(_threaded_run_line(len(totals.runs_done) + 1, total, index, seed, point, recorder.rows, seconds,
-                                         result.compile_seconds), flush=True)
+                k = len(totals.runs_done) + 1
+                eta = (time.perf_counter() - started) / k * (total - k)
+                print(_threaded_run_line(k, total, index, seed, point, recorder.rows, seconds,
+                                         result.compile_seconds) + f"; ETA {eta:.0f}s", flush=True)
             totals.runs_done.append((index, seed))
     return len(keys)
 

@@ -173,6 +173,8 @@ class _Tuner:
         self.base = base.replace(total_env_steps=budget, run_dir=None, checkpoint_every=0, overwrite=False)
         self.kl_target, self.seeds, self.out, self.progress = kl_target, seeds, out, progress
         self.done: dict[str, dict] = {}
+        self.steps: list[TuneStep] = []
+        self.runs, self.started = 0, time.perf_counter()
         if out is not None:
             self.schedule_dir = os.path.join(out, "schedules")
             self._open(base, budget)
@@ -204,6 +206,18 @@ class _Tuner:
         if self.progress:
             print(text, flush=True)
 
+    def step_done(self, step: TuneStep) -> None:
+        """After each step: its choice, the overall progress (step i/4, runs so far, elapsed) and,
+        with an out dir, report.md rewritten with the steps so far (so a long tune can be read
+        while it runs, not only at the end)."""
+        self.steps.append(step)
+        self.say(f"  -> {_describe(step.choice) or 'no change'}: {step.why}")
+        elapsed = time.perf_counter() - self.started
+        self.say(f"tune: step {step.number}/4 done, {self.runs} threaded runs so far, {elapsed:.0f}s elapsed")
+        if self.out is not None and step.number < 4:
+            with open(os.path.join(self.out, "report.md"), "w", encoding="utf-8") as f:
+                f.write(steps_text(self.steps, self.kl_target) + f"\n_In progress: step {step.number} of 4 done._\n")
+
     def _record(self, row: dict) -> None:
         self.done[row["key"]] = row
         if self.out is not None:
@@ -222,6 +236,7 @@ class _Tuner:
         config = replace_paths(self.base, with_latency(self.base, changes))
         per_seed, t0 = [], time.perf_counter()
         for seed in range(self.base.seed, self.base.seed + self.seeds):
+            self.runs += 1
             result = train(config.replace(seed=seed))
             per_seed.append(run_measurements(result.to_dataframe(), WARMUP_FRACTION))
             name = f"{_slug(changes)}-seed{seed}.jsonl"
@@ -483,15 +498,15 @@ def tune(
     out = None if out is None else os.fspath(out)
     tuner = _Tuner(config, float(kl_target), budget, seeds, out, progress)
     first = step_buffer(tuner)
-    tuner.say(f"  -> {_describe(first.choice)}: {first.why}")
+    tuner.step_done(first)
     chunks = first.choice["threaded.buffer_capacity"] // tuner.base.chunk_size
     second, knee = step_knee(tuner, chunks, max_samplers)
-    tuner.say(f"  -> {_describe(second.choice)}: {second.why}")
+    tuner.step_done(second)
     third = step_batch(tuner, second.choice, second.rows[knee - 1], throughput_target, batch_factors)
-    tuner.say(f"  -> {_describe(third.choice) or 'no change'}: {third.why}")
+    tuner.step_done(third)
     chosen = {**second.choice, **third.choice}
     fourth = step_replay(tuner, chosen, replay_seeds, replay_grid)
-    tuner.say(f"  -> {_describe(fourth.choice)}: {fourth.why}")
+    tuner.step_done(fourth)
     final = replace_paths(config, with_latency(config, {**chosen, **fourth.choice})).replace(run_dir=None)
     result = TuneResult([first, second, third, fourth], final, float(kl_target), out, knee)
     if out is not None:
@@ -534,19 +549,25 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) ->
 
 def report_text(result: TuneResult) -> str:
     """report.md: one section per step (rule, table, choice and why), then the chosen config."""
-    parts = [f"# Tuning report (KL target {result.kl_target})", "",
+    parts = [steps_text(result.steps, result.kl_target)]
+    changed = {k: v for s in result.steps for k, v in s.choice.items()}
+    parts += ["## Chosen config", "", f"`chosen_config.json` (train it with `python -m ppo_async train --config "
+              f"chosen_config.json`): the starting config with {_describe(changed)}.", ""]
+    return "\n".join(parts)
+
+
+def steps_text(steps: Sequence[TuneStep], kl_target: float) -> str:
+    """The title and one section per step done (rule, table, choice and why): report.md so far."""
+    parts = [f"# Tuning report (KL target {kl_target})", "",
              "Consumer throughput = env steps the learner took per second after a 20% warm-up; KL = mean approx_kl "
              "(to the behaviour policy) after it; final return = mean episode return over the last quarter.", ""]
-    for step in result.steps:
+    for step in steps:
         parts += [f"## Step {step.number}: {step.title}", "", f"Rule: {step.rule}.", ""]
         if step.rows:
             grid = [k for k in step.rows[0] if "." in k]  # step 4: its grid's dotted fields
             columns = _STEP_COLUMNS[step.number] if step.number != 4 else (*grid, *_STEP_COLUMNS[4][3:])
             parts += [markdown_table(step.rows, columns), ""]
         parts += [f"Choice: {_describe(step.choice) or 'no change'}. Why: {step.why}.", ""]
-    changed = {k: v for s in result.steps for k, v in s.choice.items()}
-    parts += ["## Chosen config", "", f"`chosen_config.json` (train it with `python -m ppo_async train --config "
-              f"chosen_config.json`): the starting config with {_describe(changed)}.", ""]
     return "\n".join(parts)
 
 
