@@ -124,7 +124,7 @@ def test_two_processes_join_with_their_layout_from_a_slurm_environment():
         _end_processes(procs)
     for proc, err in zip(procs, errs):
         assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
-        assert "error: mode = 'sync' is invalid: must be 'threaded' with distributed.num_processes = 2" in err, err[-3000:]
+        assert "error: --mode = 'sync' is invalid: must be 'threaded' with distributed.num_processes = 2" in err, err[-3000:]
 
 
 class FakeDevice:
@@ -276,7 +276,7 @@ def test_launch_returns_the_failure_and_every_process_says_why(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 2, out[-4000:]
     for p in range(2):
-        assert f"[{p}] error: num_seeds = 2 is invalid for mode='threaded': must be 1" in out, out[-4000:]
+        assert f"[{p}] error: --num-seeds = 2 is invalid for mode='threaded': must be 1" in out, out[-4000:]
     assert "Traceback" not in out and "Check failure" not in out and "exit statuses [2, 2]" in out, out[-4000:]
 
 

@@ -100,17 +100,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DistributedFailure as exc:  # another process failed first: its failure, not this one's
         print(f"error: {exc}", file=sys.stderr)
         return _finish_processes(DistributedFailure.exit_status, str(exc), report=False)
-    except Exception as exc:  # the user errors and NaN/inf; anything else is re-raised below
-        status = _status_of(exc)
-        if status is None:
-            raise
-        message = as_command_line(str(exc), cli_fields()) if status == 2 else str(exc)
-        print(f"error: {message}", file=sys.stderr)
-        return _finish_processes(status, str(exc))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return _finish_processes(130, "interrupted")
     except BaseException as exc:
+        status = _status_of(exc)
+        if status is not None:  # a user error (2) or NaN/inf (3): one line
+            message = as_command_line(str(exc), cli_fields()) if status == 2 else str(exc)
+            print(f"error: {message}", file=sys.stderr)
+            return _finish_processes(status, str(exc))
         if _joined_processes():  # the traceback, then out (see _finish_processes)
             traceback.print_exc()
             _finish_processes(1, f"{type(exc).__name__}: {exc}")
