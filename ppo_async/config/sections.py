@@ -521,10 +521,6 @@ class Config:
 
     def __post_init__(self) -> None:
         check_field_types(self)
-        if split_env_name(self.env)[0] in HOST_ENV_FAMILIES and self.mode != "threaded":
-            _fail("mode", self.mode,
-                  f"must be 'threaded' for the host-side env {self.env!r} (its simulator steps on each sampler "
-                  "thread's host, outside jit; sync and simulated modes need a JAX env: gymnax, brax/* or playground/*)")
         _check_int("seed", self.seed, 0)
         _check_int("num_seeds", self.num_seeds, 1)
         _check_int("total_env_steps", self.total_env_steps, 1)
@@ -539,6 +535,11 @@ class Config:
         check_sizes(self)  # int32 and sane bounds, before any rule that multiplies them
         if not _ENV_CHECK_DEFERRED.get():  # after the env-free checks: a gymnax name imports gymnax (and JAX)
             check_env_name(self.env)
+        # after the name check: an unknown name is reported as such, not as the wrong mode for it
+        if split_env_name(self.env)[0] in HOST_ENV_FAMILIES and self.mode != "threaded":
+            _fail("mode", self.mode,
+                  f"must be 'threaded' for the host-side env {self.env!r} (its simulator steps on each sampler "
+                  "thread's host, outside jit; sync and simulated modes need a JAX env: gymnax, brax/* or playground/*)")
         if self.run_dir is not None and self.checkpoint_every % self.log_every != 0:
             _fail("checkpoint_every", self.checkpoint_every,
                   f"must be a multiple of log_every = {self.log_every} (a checkpoint closes a metrics row, so a resumed run continues its rows exactly)")
