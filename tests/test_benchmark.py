@@ -5,6 +5,7 @@ against numbers computed by hand; one-line errors; the command's help."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -194,9 +195,24 @@ def test_plan_defaults_and_run_configs():
     assert bm.resolve_plan("classic").modes == ("sync", "barrier", "async")
     config = bm.run_config(plan, "gymnasium/Hopper-v5", "async", 3, "somewhere")
     preset = pa.config_for_env("gymnasium/Hopper-v5", {"mode": "threaded"})
-    assert (config.mode, config.threaded.num_samplers, config.seed, config.ppo) == ("threaded", 4, 3, preset.ppo)
+    assert (config.mode, config.threaded.num_samplers, config.seed) == ("threaded", 4, 3)
+    assert config.ppo == dataclasses.replace(preset.ppo, objective="decoupled")  # the rest of the preset stays
+    assert (config.ppo.objective, config.ppo.num_epochs, config.ppo.num_minibatches) == ("decoupled", 10, 32)
+    # the 4 samplers share the preset's 16 envs and a batch takes a chunk of each: barrier's batch of 2,048 steps
+    barrier = bm.run_config(plan, "gymnasium/Hopper-v5", "barrier", 3, None)
+    assert (config.rollout.num_envs, config.threaded.chunks_per_batch, barrier.rollout.num_envs) == (4, 4, 16)
+    assert config.batch_size == barrier.batch_size == 2048 and barrier.ppo == preset.ppo
     assert config.eval_every == round(100_000 / config.batch_size) and config.checkpoint_every == 0  # not resumable
     assert bm.checkpoint_of(config.num_iterations, config.eval_every, config.num_iterations, 100_000, 1_000_000) == 1_000_000
+
+
+def test_async_needs_envs_its_samplers_can_share():
+    plan = bm.resolve_plan("mujoco", envs=["gymnasium/Hopper-v5"], modes=["async"],
+                           changes=parse_assignments(["rollout.num_envs=6"]))
+    with pytest.raises(ConfigError, match=r"rollout.num_envs = 6 is invalid: .* 4 samplers, so it must be a multiple of 4"):
+        bm.run_config(plan, "gymnasium/Hopper-v5", "async", 0, None)
+    plan = plan._replace(changes=(("rollout.num_envs", 8),))
+    assert bm.run_config(plan, "gymnasium/Hopper-v5", "async", 0, None).rollout.num_envs == 2
 
 
 def test_an_ablation_sets_its_fields_over_the_preset_and_the_mode():

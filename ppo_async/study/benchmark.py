@@ -6,7 +6,7 @@ report against published reference figures (`pa.benchmark`, `python -m ppo_async
     report("runs/bench")                                     # report.md + plots again, from results.csv
 
 Every run's config is `config_for_env(env)` (the preset `train --env` uses) plus the mode's fields
-(`MODES`), the seed, the budget, the evaluation cadence and its run directory - nothing else. A
+(`MODES`; async also shares the preset's envs among its samplers: `share_envs`), the seed, the budget, the evaluation cadence and its run directory - nothing else. A
 run evaluates the learner's deterministic policy every `eval_every_steps` env steps (converted
 to whole learner iterations: `Config.eval_every`) and after its last iteration, over
 `eval_episodes` episodes, and appends one row per evaluation to OUT/results.csv (`COLUMNS`).
@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 
-from ppo_async.config import Config, ConfigError, config_to_dict, get_path
+from ppo_async.config import Config, ConfigError, config_to_dict, get_path, replace_paths
 from ppo_async.config.presets import config_for_env
 from ppo_async.envs.registry import HOST_ENV_FAMILIES, split_env_name
 from ppo_async.modes.registry import get_mode
@@ -81,9 +81,17 @@ MODES: dict[str, dict[str, Any]] = {
     # one sampler: the learner batch (one rollout chunk) and updates per env step equal sync's and
     # async's, so barrier differs from async by the lag alone (N barrier samplers = N-chunk batches)
     "barrier": {"mode": "threaded", "threaded.barrier": True, "threaded.num_samplers": 1},
-    "async": {"mode": "threaded", "threaded.num_samplers": 4},
+    # four samplers share the preset's envs (each steps num_envs / 4) and a learner batch takes one
+    # chunk from each, so a batch holds barrier's env steps at a lag of ~1 version instead of ~4;
+    # decoupled PPO (Hilton et al. 2021) clips against the learner's own recent policy, not the
+    # stale behaviour one. Measured on Hopper-v5 seed 0 at 1M (issue 26 note): 4 x 16 envs, one
+    # chunk per batch, plain PPO: train 1,055 / eval 1,071; shared envs + decoupled: 2,307 / 3,251
+    "async": {"mode": "threaded", "threaded.num_samplers": 4, "threaded.chunks_per_batch": 4, "ppo.objective": "decoupled"},
 }
 """The benchmark modes (data): name -> the dotted config fields it sets over the env's preset."""
+
+SHARED_ENVS_MODES = ("async",)
+"""Modes whose samplers share the preset's rollout.num_envs among them (`share_envs`)."""
 
 JAX_ONLY_MODES = ("sync",)  # one jitted program: the env must step inside jit (not gymnasium/*)
 RESULTS_FILE = "results.csv"
@@ -209,9 +217,22 @@ def run_config(plan: Plan, env: str, mode: str, seed: int, run_dir: str | None) 
     changes = {**MODES[mode], **dict(plan.changes), "seed": seed, "total_env_steps": plan.total_env_steps,
                "run_dir": run_dir}
     config = config_for_env(env, changes)
+    if mode in SHARED_ENVS_MODES:
+        config = share_envs(config)
     every = eval_iterations(plan.eval_every_steps, config.batch_size)
     checkpoint_every = every if run_dir is not None and get_mode(config.mode).resumable else 0
     return config.replace(eval_every=every, eval_episodes=plan.eval_episodes, checkpoint_every=checkpoint_every)
+
+
+def share_envs(config: Config) -> Config:
+    """`config` with its `rollout.num_envs` shared among its `threaded.num_samplers` samplers
+    (each steps num_envs / num_samplers envs), so that N samplers step as many envs in all as
+    one sampler of the preset; a ConfigError when they do not divide."""
+    samplers = config.threaded.num_samplers
+    if config.rollout.num_envs % samplers:
+        raise ConfigError(f"rollout.num_envs = {config.rollout.num_envs} is invalid: the async benchmark mode shares "
+                          f"the envs among its {samplers} samplers, so it must be a multiple of {samplers}")
+    return replace_paths(config, {"rollout.num_envs": config.rollout.num_envs // samplers})
 
 
 def plan_spec(plan: Plan) -> dict[str, Any]:
