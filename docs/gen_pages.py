@@ -296,6 +296,25 @@ def metrics_page() -> str:
 
 
 # ----------------------------------------------------------------------------------------------
+# docs/reference/presets.md
+
+
+def presets_page() -> str:
+    from ppo_async.config.presets import ENV_PRESETS
+
+    lines = [NOTE.format(source="ppo_async.config.presets.ENV_PRESETS"), "# Env presets\n\n",
+             "Per-env defaults, applied by `python -m ppo_async train` and `pa.config_for_env` to every "
+             "field neither `--config` nor a flag sets (a `pa.Config(...)` built directly is taken as "
+             "written). A name is looked up by family prefix, then exactly; the exact entry wins. "
+             "See [real environments and presets](../how-to/environments.md#per-env-presets).\n\n",
+             "| env or family | field | value |\n|---|---|---|\n"]
+    for key, preset in ENV_PRESETS.items():
+        for field, value in preset.items():
+            lines.append(f"| `{key}` | [`{field}`](config.md#{_anchor(field)}) | `{value!r}` |\n")
+    return "".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
 # docs/results/*.md and README's benchmark table
 
 
@@ -476,7 +495,7 @@ def readme_with_table(readme: str) -> str:
 
 def generated() -> dict[str, str]:
     """Path (relative to the repository) -> the content the generator writes there."""
-    pages = {"reference/cli.md": cli_page(), "reference/config.md": config_page(), "reference/metrics.md": metrics_page()}
+    pages = {"reference/cli.md": cli_page(), "reference/presets.md": presets_page(), "reference/config.md": config_page(), "reference/metrics.md": metrics_page()}
     pages.update(results_pages())
     out = {f"docs/{k}": v for k, v in pages.items()}
     with open(README, encoding="utf-8") as f:
