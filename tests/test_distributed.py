@@ -363,7 +363,9 @@ def two_process_run(tmp_path_factory):
 def test_two_process_run_keeps_identical_params_and_the_accounting(two_process_run):
     run_dir, done = two_process_run
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "[0] final return" in done.stdout and "[1] final return" in done.stdout
+    assert "[0] final return" in done.stdout and "[1] final return" not in done.stdout  # process 0 speaks for the run
+    assert "launch: 2 processes connected (Gloo)" in done.stdout and "[Gloo]" not in done.stdout
+    assert "launch: 2 processes done (exit status 0, 0); process 1: " in done.stdout  # process 1's end line, folded
     rows = pa.read_jsonl(run_dir / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == list(range(1, 13))
     for r in rows:

@@ -19,6 +19,8 @@ import numpy as np
 import tyro
 
 from ppo_async.cli.parsing import PROG, parse
+from ppo_async.cli.progress import Waiting
+from ppo_async.runtime.launch import peer_done_line
 from ppo_async.cli.config_file import load_config_file
 from ppo_async.config import (Config, DistributedConfig, check_given_apply, config_from_dict, get_path, presets,
                                replace_paths)
@@ -195,6 +197,11 @@ def run_train(run: TrainRun) -> int:
     from ppo_async.modes.train import train  # here, not at import: `--help` and config errors need no JAX
 
     config = run.cfg
+    process = config.distributed.process_id or 0
+    if process != 0:  # another process of a multi-process run: process 0 speaks for the run
+        result = train(config, progress=False, resume=run.resume is not None)
+        print(peer_done_line(process, _peer_summary(result)), flush=True)
+        return 0
     if not run.quiet:
         print(f"ppo_async: {config.env}, mode={config.mode}, {config.num_seeds} seed(s) x "
               f"{config.num_iterations * config.batch_size} env steps -> {config.run_dir}"
@@ -203,7 +210,8 @@ def run_train(run: TrainRun) -> int:
         if run.preset:
             print(f"env preset for {config.env} (fields no flag or --config set): {presets.describe(run.preset)}",
                   flush=True)
-    result = train(config, progress=not run.quiet, resume=run.resume is not None)
+    with Waiting("compiling", enabled=not run.quiet) as waiting:  # until the first iteration
+        result = train(config, progress=not run.quiet, resume=run.resume is not None, on_iteration=waiting.done)
     finals = _finals(result.final_returns())
     if run.quiet:  # with the progress on, each warning was printed once as it arose (above the bar)
         for message in result.extras.get("warnings", []):  # see ppo_async.report.health
@@ -217,6 +225,12 @@ def run_train(run: TrainRun) -> int:
           f"{sps:,.0f} env steps/s; final return (mean of last 10% of iterations): {finals}", flush=True)
     print(f"metrics: {os.path.join(config.run_dir, 'metrics.jsonl')}", flush=True)
     return 0
+
+
+def _peer_summary(result: Any) -> str:
+    """What a process other than 0 says at the end: its times and final return (no paths)."""
+    return (f"{result.run_seconds:.1f}s (+{result.compile_seconds:.1f}s compile), final return "
+            f"{_finals(result.final_returns())}")
 
 
 def _finals(final: Any) -> str:
