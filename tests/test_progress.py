@@ -192,3 +192,49 @@ def test_the_bar_is_tqdm_auto_and_a_notebook_gets_it(monkeypatch):
     bar = metrics.Progress(total_env_steps=100, enabled=True)
     assert bar.tty and made and made[0]["total"] == 100
     bar.close()
+
+
+# ------------------------------------------------------------------ tune: step i/4, run j/J, ETA
+
+def test_tune_bounds_its_runs_and_estimates_the_rest():
+    from ppo_async.study import tune
+
+    assert tune.sampler_counts(4) == [4, 2, 1] and tune.sampler_counts(3) == [3, 1]
+    # 4 samplers x 16 chunks: 5 lengths x 3 counts, then 6 counts, 3 batches, 3 checks
+    assert tune.most_runs(1, 4, 16, 6, 3, seeds=1) == 15 + 6 + 3 + tune.VERIFY_TRIES
+    assert tune.most_runs(3, 4, 16, 6, 3, seeds=2) == 2 * (3 + tune.VERIFY_TRIES)
+    assert tune.progress_line(2, 5, 17, 80.4, 50.0, 5) == "tune: step 2/4, run 5 of at most 17, 80s elapsed, ETA at most 120s"
+    assert tune.progress_line(1, 2, 17, 1.0, 0.0, 0).endswith("ETA after the first run")  # all read back so far
+
+
+def test_tune_prints_its_overall_progress_after_each_setting(monkeypatch, capsys):
+    import pandas as pd
+
+    import ppo_async as pa
+    from ppo_async.study import tune
+
+    class Result:
+        extras = {"version_schedule": []}
+
+        @staticmethod
+        def to_dataframe():
+            return pd.DataFrame()
+
+    measures = {"consumer_steps_per_s": 1000.0, "approx_kl_mean": 0.01, "lag_mean": 1.0, "final_return": 5.0}
+    monkeypatch.setattr(tune, "train", lambda config: Result())
+    monkeypatch.setattr(tune, "run_measurements", lambda df, warmup: measures)
+    monkeypatch.setattr(tune, "write_schedule", lambda path, records: None)
+    base = pa.Config(mode="threaded", total_env_steps=128 * 10, rollout=pa.RolloutConfig(num_envs=8, num_steps=16),
+                     threaded=pa.ThreadedConfig(num_samplers=2, buffer_capacity=4 * 128))
+    tuner = tune._Tuner(base, 0.02, 128 * 10, seeds=1, out=None, progress=True)
+    tuner.plan(max_samplers=2, batch_factors=1)
+    assert tuner.most == 3 * 2 + 2 + 1 + tune.VERIFY_TRIES
+    first = tune.step_buffer(tuner)  # KL 0.01 < 0.02: the first setting is kept
+    tuner.step_done(first)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tune: ")]
+    assert lines[0].startswith("tune: step 1/4, run 1 of at most 12, ") and "ETA at most" in lines[0]
+    # once step 1 is done, J is the runs so far plus the most steps 2-4 can take
+    assert lines[1].startswith(f"tune: step 1/4 done, run 1 of at most {1 + 2 + 1 + tune.VERIFY_TRIES}, ")
+    tune.step_knee(tuner, 4, 2)  # (2 samplers, 4 chunks) was measured in step 1: read back, still counted
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tune: ")]
+    assert [line.split(",")[1] for line in lines] == [" run 2 of at most 7"]

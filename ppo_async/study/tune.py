@@ -32,7 +32,9 @@ The field's fixed order (README "Tuning"):
 Steps 1-3 are real threaded runs of `budget_per_run` env steps (default: the config's
 `total_env_steps`, the budget the result is for), measured with
 `analysis.run_measurements` (throughput after a 20% warm-up; mean KL after it). Every step
-prints its grid, rule and choice as it goes. The output directory holds `report.md`,
+prints its grid, rule and choice as it goes, and after each setting the overall progress,
+`tune: step 2/4, run 5 of at most 17, 80s elapsed, ETA at most 150s` (`progress_line`; the
+steps stop early, so J is a bound that shrinks as they end). The output directory holds `report.md`,
 `knee.png`, `kl_vs_buffer.png`, `chosen_config.json` (for `train --config`),
 `measurements.jsonl` (one line per run / step-4 setting), `schedules/` (each run's version
 schedule) and `tune.json` (the base config and options). Run again on the same directory,
@@ -133,6 +135,32 @@ def buffer_lengths(capacity_chunks: int) -> list[int]:
     return out
 
 
+def sampler_counts(samplers: int) -> list[int]:
+    """Step 1's sampler counts: the start, halved down to one (`[4, 2, 1]`)."""
+    out = [samplers]
+    while out[-1] > 1:
+        out.append(max(1, out[-1] // 2))
+    return out
+
+
+def most_runs(step: int, samplers: int, chunks: int, max_samplers: int, batch_factors: int, seeds: int) -> int:
+    """The most threaded runs steps `step`..4 can still take (pure): step 1 every buffer length at
+    every sampler count, step 2 every count up to `max_samplers`, step 3 every batch factor,
+    step 4 its `VERIFY_TRIES` checks; each setting `seeds` runs. An upper bound: the steps stop
+    early, and a setting measured before is read back."""
+    settings = {1: len(buffer_lengths(chunks)) * len(sampler_counts(samplers)), 2: max_samplers,
+                3: batch_factors, 4: VERIFY_TRIES}
+    return seeds * sum(n for k, n in settings.items() if k >= step)
+
+
+def progress_line(step: int, runs: int, most: int, elapsed_s: float, run_s: float, measured: int) -> str:
+    """`tune: step 2/4, run 5 of at most 17, 80s elapsed, ETA at most 150s` (pure): the
+    threaded runs so far (read back ones included) and the most there can be; the ETA is the
+    mean time of the runs measured here times the runs that may remain (none measured: no ETA)."""
+    eta = f"ETA at most {run_s / measured * max(most - runs, 0):.0f}s" if measured else "ETA after the first run"
+    return f"tune: step {step}/4, run {runs} of at most {most}, {elapsed_s:.0f}s elapsed, {eta}"
+
+
 def knee_of(rows: Sequence[Mapping[str, Any]], kl_target: float) -> tuple[int, list[bool]]:
     """Step 2's knee (pure): `rows` hold `num_samplers` 1, 2, ... in order with
     `consumer_steps_per_s` and `approx_kl_mean`. Returns (knee, passes): n passes when its
@@ -175,6 +203,9 @@ class _Tuner:
         self.done: dict[str, dict] = {}
         self.steps: list[TuneStep] = []
         self.runs, self.started = 0, time.perf_counter()
+        self.step, self.most = 1, 0  # the step under way; the most threaded runs of the whole tune (`plan`)
+        self.measured, self.run_seconds = 0, 0.0  # the runs measured here (not read back) and their time
+        self._plan: tuple | None = None  # (samplers, buffer chunks, max_samplers, batch factors) of `most_runs`
         if out is not None:
             self.schedule_dir = os.path.join(out, "schedules")
             self._open(base, budget)
@@ -206,14 +237,27 @@ class _Tuner:
         if self.progress:
             print(text, flush=True)
 
+    def plan(self, max_samplers: int, batch_factors: int) -> None:
+        """Sets the most threaded runs the tune can take (`most_runs`), for the progress lines."""
+        self._plan = (self.base.threaded.num_samplers, self.base.buffer_capacity_chunks, max_samplers, batch_factors)
+        self.most = most_runs(1, *self._plan, self.seeds)
+
+    def progress_line(self) -> str:
+        """The overall progress now (`progress_line`)."""
+        return progress_line(self.step, self.runs, max(self.most, self.runs), time.perf_counter() - self.started,
+                             self.run_seconds, self.measured)
+
     def step_done(self, step: TuneStep) -> None:
-        """After each step: its choice, the overall progress (step i/4, runs so far, elapsed) and,
-        with an out dir, report.md rewritten with the steps so far (so a long tune can be read
-        while it runs, not only at the end)."""
+        """After each step: its choice, the overall progress (step i/4, run j of at most J, ETA)
+        and, with an out dir, report.md rewritten with the steps so far (so a long tune can be
+        read while it runs, not only at the end). J shrinks to the runs so far plus the most
+        the later steps can take."""
         self.steps.append(step)
         self.say(f"  -> {_describe(step.choice) or 'no change'}: {step.why}")
-        elapsed = time.perf_counter() - self.started
-        self.say(f"tune: step {step.number}/4 done, {self.runs} threaded runs so far, {elapsed:.0f}s elapsed")
+        if step.number < 4 and self._plan is not None:
+            self.most = self.runs + most_runs(step.number + 1, *self._plan, self.seeds)
+        self.say(self.progress_line().replace(f"step {step.number}/4,", f"step {step.number}/4 done,"))
+        self.step = step.number + 1
         if self.out is not None and step.number < 4:
             with open(os.path.join(self.out, "report.md"), "w", encoding="utf-8") as f:
                 f.write(steps_text(self.steps, self.kl_target) + f"\n_In progress: step {step.number} of 4 done._\n")
@@ -231,13 +275,17 @@ class _Tuner:
         key = json.dumps(dict(changes), sort_keys=True)
         if key in self.done:
             row = self.done[key]
+            self.runs += self.seeds
             self.say(f"  {_describe(changes)}: measured before ({_numbers(row)})")
             return row
         config = replace_paths(self.base, with_latency(self.base, changes))
         per_seed, t0 = [], time.perf_counter()
         for seed in range(self.base.seed, self.base.seed + self.seeds):
             self.runs += 1
+            t_run = time.perf_counter()
             result = train(config.replace(seed=seed))
+            self.measured += 1
+            self.run_seconds += time.perf_counter() - t_run
             per_seed.append(run_measurements(result.to_dataframe(), WARMUP_FRACTION))
             name = f"{_slug(changes)}-seed{seed}.jsonl"
             write_schedule(os.path.join(self.schedule_dir, name), result.extras["version_schedule"])
@@ -245,6 +293,7 @@ class _Tuner:
                **{k: float(sum(m[k] for m in per_seed) / len(per_seed)) for k in per_seed[0]}}
         self._record(row)
         self.say(f"  {_describe(changes)}: {_numbers(row)} ({time.perf_counter() - t0:.0f} s)")
+        self.say(self.progress_line())
         return row
 
     def schedule_path(self, changes: Mapping[str, Any]) -> str:
@@ -402,7 +451,8 @@ def step_replay(tuner: _Tuner, chosen: Mapping[str, Any], seeds: int,
         tuner.say("  measured before")
     else:
         t0 = time.perf_counter()
-        df = sweep(replay_config(threaded_config, tuner.schedule_path(chosen)), grid, seeds=seeds, progress=False)
+        df = sweep(replay_config(threaded_config, tuner.schedule_path(chosen)), grid, seeds=seeds,
+                   progress=tuner.progress)  # its 'sweep: configs k/K ..., ETA' lines
         table = summarize(df, last_fraction=0.25)
         rows = []
         for key, (_, r) in zip(keys, table.iterrows()):
@@ -497,6 +547,7 @@ def tune(
         raise ConfigError(f"replay_seeds = {replay_seeds!r} is invalid: must be an integer >= 1")
     out = None if out is None else os.fspath(out)
     tuner = _Tuner(config, float(kl_target), budget, seeds, out, progress)
+    tuner.plan(max_samplers, len(batch_factors))
     first = step_buffer(tuner)
     tuner.step_done(first)
     chunks = first.choice["threaded.buffer_capacity"] // tuner.base.chunk_size
