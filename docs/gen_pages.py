@@ -403,6 +403,7 @@ def results_pages() -> dict[str, str]:
             if run_dir != directory:
                 lines.append(f"## {os.path.relpath(run_dir, directory).replace(os.sep, '/')}\n\n")
             lines.append(_manifest_block(manifest) + "\n")
+            shown: set[str] = set()
             for fname in sorted(os.listdir(run_dir)):
                 path = os.path.join(run_dir, fname)
                 if not os.path.isfile(path):
@@ -410,14 +411,16 @@ def results_pages() -> dict[str, str]:
                 if fname.endswith(TEXT_REPORTS) or fname == "report.md":
                     with open(path, encoding="utf-8") as f:
                         text = f.read().rstrip()
-                    if fname == "report.md":  # a markdown report: its headings one level down
+                    if fname == "report.md":  # a markdown report: its headings two levels down, its figures ours
                         text = re.sub(r"^(#+) ", lambda mt: "#" * (len(mt.group(1)) + 2) + " ", text, flags=re.M)
+                        shown.update(re.findall(r"\]\(([^)/]+\.png)\)", text))
+                        text = re.sub(r"\]\(([^)/]+\.png)\)", lambda mt: f"](figures/{rel}/{mt.group(1)})", text)
                         lines.append(f"**`{rel}/{fname}`**\n\n{text}\n\n")
                     else:
                         fence = "````" if "```" in text else "```"
                         lines.append(f"**`{rel}/{fname}`**\n\n{fence}text\n{text}\n{fence}\n\n")
             for fname in sorted(os.listdir(run_dir)):
-                if fname.endswith(".png"):
+                if fname.endswith(".png") and fname not in shown:
                     lines.append(f"![{rel}/{fname}](figures/{rel}/{fname})\n\n")
             other = sorted(f for f in os.listdir(run_dir) if os.path.isfile(os.path.join(run_dir, f))
                            and not f.endswith((".png", ".txt")) and f not in ("report.md", "manifest.json"))
