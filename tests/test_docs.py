@@ -102,40 +102,77 @@ def runnable_python(block: Block) -> str:
 PAGES = [p for p in doc_pages() if any(b.skip is None for b in blocks_of(p))]
 
 
-def _run(args: list[str], cwd: str, what: str, timeout: float = 600) -> None:
-    env = dict(os.environ)
-    env.update(MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               PYTHONUNBUFFERED="1")
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        pytest.fail(f"{what} failed with status {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
-                    f"--- stderr ---\n{proc.stderr[-6000:]}", pytrace=False)
+IN_PROCESS = re.compile(r"^python -m ppo_async (?P<args>[^#&|;<>$`]*?)(?P<refused>\s*&&\s*exit 1)?\s*(#.*)?$")
+
+
+def in_process_commands(code: str) -> list[tuple[list[str], bool]] | None:
+    """The `python -m ppo_async ARGS` commands of a bash block as (ARGS, refused) pairs, when
+    the block holds nothing else (comments aside; `CMD && exit 1` = CMD must fail); else None."""
+    import shlex
+
+    commands = []
+    for line in code.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = IN_PROCESS.match(line)
+        if match is None:
+            return None
+        commands.append((shlex.split(match.group("args")), bool(match.group("refused"))))
+    return commands
+
+
+def run_page(page: str, work_dir: str) -> None:
+    """Runs a page's blocks in order in this process (`python tests/test_docs.py PAGE DIR`):
+    python blocks in one namespace, as pasted into one session; bash blocks made only of
+    `python -m ppo_async` commands through `ppo_async.cli.main` (one JAX start per page, the
+    compiled programs shared, as `tests/conftest.py`'s cli_main does); other bash blocks in bash."""
+    from ppo_async.runtime.xla_flags import apply_cpu_workarounds
+
+    apply_cpu_workarounds()  # as `python -m ppo_async` does, before JAX starts
+    os.chdir(work_dir)
+    namespace: dict = {"__name__": "__main__"}
+    for block in blocks_of(page):
+        if block.skip is not None:
+            continue
+        where = f"{block.page}:{block.line}"
+        print(f"=== {where} ({block.lang})", flush=True)
+        if block.lang == "python":
+            exec(compile(runnable_python(block), where, "exec"), namespace)
+            continue
+        script = runnable_bash(block)
+        commands = in_process_commands(script)
+        if commands is None:
+            subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], check=True)
+            continue
+        from ppo_async.cli import main
+
+        for args, refused in commands:
+            print(f"--- python -m ppo_async {' '.join(args)}", flush=True)
+            try:
+                status = main(args)
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if (status == 0) == refused:
+                raise SystemExit(f"{where}: python -m ppo_async {' '.join(args)} exited with status {status}"
+                                 + (" (the page says it is refused)" if refused else ""))
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_doc_blocks_run(page, tmp_path):
-    """Runs the page's bash and python blocks in order; consecutive python blocks share one
-    interpreter (one JAX start), as a reader pasting them into one session would."""
+    """Runs the page's blocks in order, in a scratch directory, in a fresh interpreter (`run_page`)."""
     for name in ("experiments", "notebooks"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
-    pending: list[Block] = []
-
-    def flush() -> None:
-        if pending:
-            script = "\n".join(f"# --- {b.page}:{b.line}\n{runnable_python(b)}" for b in pending)
-            where = ", ".join(f"{b.page}:{b.line}" for b in pending)
-            _run([sys.executable, "-c", script], str(tmp_path), f"python block(s) at {where}")
-            pending.clear()
-
-    for block in blocks_of(page):
-        if block.skip is not None:
-            continue
-        if block.lang == "python":
-            pending.append(block)
-            continue
-        flush()
-        _run(["bash", "-e", "-o", "pipefail", "-c", runnable_bash(block)], str(tmp_path), f"bash block at {page}:{block.line}")
-    flush()
+    env = dict(os.environ)
+    env.update(MPLBACKEND="Agg", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), page, str(tmp_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"{page}: a block failed (status {proc.returncode})\n--- stdout ---\n{proc.stdout[-5000:]}\n"
+                    f"--- stderr ---\n{proc.stderr[-8000:]}", pytrace=False)
 
 
 def test_few_blocks_are_skipped():
@@ -145,6 +182,12 @@ def test_few_blocks_are_skipped():
         assert len(b.skip) > 20, f"{b.page}:{b.line}: give the reason after {SKIP_MARK!r}"
     assert len(skipped) <= MAX_SKIPPED, [f"{b.page}:{b.line}" for b in skipped]
     assert sum(b.skip is None for p in doc_pages() for b in blocks_of(p)) >= 3 * len(skipped)
+
+
+def test_in_process_commands():
+    assert in_process_commands("# c\npython -m ppo_async train --env A  # x\npython -m ppo_async train --quiet && exit 1\n") == \
+        [(["train", "--env", "A"], False), (["train", "--quiet"], True)]
+    assert in_process_commands("cat > a <<'EOF'\nx\nEOF\npython -m ppo_async train\n") is None
 
 
 def test_shrink_rules():
@@ -201,3 +244,7 @@ def test_links_stay_in_the_repository(page):
     for page_ in doc_pages() + ["CHANGELOG.md"]:
         with open(os.path.join(ROOT, page_), encoding="utf-8") as f:
             assert "MEASURED.md" not in f.read(), f"{page_} names MEASURED.md, which is not in the repository"
+
+
+if __name__ == "__main__":
+    run_page(sys.argv[1], sys.argv[2])
