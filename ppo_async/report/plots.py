@@ -8,7 +8,8 @@ globally (no pyplot state), so this works headless, in threads and in notebooks 
 
 `None` / NaN values (e.g. `episode_return` of an iteration where no episode finished, or a
 `kl_per_lag` bucket with no sample) are skipped, never plotted as zero. Legends sit outside
-the axes, to the right (`fig.legends[0]`), so they never cover data. `compare_runs` writes the
+the axes, to the right (`fig.legends[0]`), so they never cover data, and the figure grows by
+their width instead of the axes shrinking (`_legend_outside`). `compare_runs` writes the
 overlaid figures of several runs (`python -m ppo_async compare`).
 """
 
@@ -113,8 +114,10 @@ _stack_padded = analysis.stack_padded  # [R, max_len], NaN padding
 def _legend_outside(fig: Any, *axes: Any) -> Any:
     """One figure legend of every labelled artist of `axes`, outside them on the right.
 
-    `loc="outside right upper"` makes constrained layout shrink the axes to make room, so the
-    legend never covers data (an in-axes `loc="best"` can). Returns the Legend (None if
+    The legend never covers data (an in-axes `loc="best"` can) and never takes width from
+    the axes: constrained layout makes room for `loc="outside right upper"` by shrinking the
+    axes, so the figure is widened by what they lost (`_keep_axes_width`) and the axes keep the
+    width they have without a legend, however long its labels. Returns the Legend (None if
     nothing is labelled); it is `fig.legends[0]`.
     """
     handles, labels = [], []
@@ -124,7 +127,27 @@ def _legend_outside(fig: Any, *axes: Any) -> Any:
         labels += lab
     if not handles:
         return None
-    return fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    width = _axes_width_in(fig, axes[0])
+    legend = fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    _keep_axes_width(fig, axes[0], width)
+    return legend
+
+
+def _axes_width_in(fig: Any, ax: Any) -> float:
+    """The width of `ax` in inches once the figure's (constrained) layout has run."""
+    fig.get_layout_engine().execute(fig)
+    return ax.get_position().width * fig.get_figwidth()
+
+
+def _keep_axes_width(fig: Any, ax: Any, width_in: float, tolerance_in: float = 0.01) -> None:
+    """Widens `fig` until `ax` is `width_in` inches wide again. Constrained layout's margins
+    are in inches, so one correction is all but exact, unless the squeezed axes had made their
+    own margins differ (a title wider than them): then one or two more (at most four in all)."""
+    for _ in range(4):
+        lost = width_in - _axes_width_in(fig, ax)
+        if abs(lost) <= tolerance_in:
+            return
+        fig.set_figwidth(fig.get_figwidth() + lost)
 
 
 def _points_note(df: pd.DataFrame) -> str:
