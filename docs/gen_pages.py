@@ -96,12 +96,37 @@ def _fmt_default(value: object) -> str:
 
 
 def _cell(text: str) -> str:
-    """Table-cell safe: one line, pipes escaped."""
-    return " ".join(text.split()).replace("|", "\\|")
+    """Table-cell safe for GitHub and Python-Markdown alike: one line; outside code spans `|`
+    escaped and `<` / `>` as entities (a docstring's `brax/<name>` is text, not an HTML tag);
+    a code span holding `|` becomes plain text (the two disagree on `\\|` inside code)."""
+    parts = " ".join(text.split()).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: no code spans
+        parts = ["`".join(parts)]
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2 and "|" not in part:
+            out.append(f"`{part}`")
+        else:
+            out.append(part.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;"))
+    return "".join(out)
 
 
 def _code(text: str) -> str:
-    return f"`{_cell(text)}`"
+    return _cell(f"`{text}`")
+
+
+def _type_text(cls: type, name: str, annotation: str) -> str:
+    """The annotation as written, with a Literal alias (`ModeName`) spelled out as its values."""
+    try:
+        hint = typing.get_type_hints(cls)[name]
+    except Exception:  # noqa: BLE001 - an annotation that does not evaluate is shown as written
+        return annotation
+    args = [hint] if typing.get_origin(hint) is typing.Literal else list(typing.get_args(hint))
+    literals = [a for a in args if typing.get_origin(a) is typing.Literal]
+    if not literals:
+        return annotation
+    values = " | ".join(repr(v) for lit in literals for v in typing.get_args(lit))
+    return values + (" | None" if type(None) in args else "")
 
 
 def _anchor(path: str) -> str:
@@ -144,7 +169,7 @@ def config_page() -> str:
                 continue
             annotation, doc = info.get(f.name, ("", ""))
             path = f"{prefix}.{f.name}" if prefix else f.name
-            lines.append(f"| <a id=\"{_anchor(path)}\"></a>`{path}` | {_code(annotation)} | {_fmt_default(default)} | {_cell(doc)} |\n")
+            lines.append(f"| <a id=\"{_anchor(path)}\"></a>`{path}` | {_code(_type_text(cls, f.name, annotation))} | {_fmt_default(default)} | {_cell(doc)} |\n")
         lines.append("\n")
     return "".join(lines)
 
@@ -289,7 +314,7 @@ def metrics_page() -> str:
         for name in names:
             entry = described[name]
             modes = "all" if name in CORE_FIELDS else entry.get("modes", "all")
-            lines.append(f"| <a id=\"{_anchor(name)}\"></a>`{name}` | {_cell(modes)} | {RULE_TEXT[FIELD_RULES.get(name)]} "
+            lines.append(f"| <a id=\"{_anchor(name)}\"></a>`{name}` | {_cell(modes)} | {entry.get('fold') or RULE_TEXT[FIELD_RULES.get(name)]} "
                          f"| {_cell(entry['meaning'])} |\n")
         lines.append("\n")
     return "".join(lines)
