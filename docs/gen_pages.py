@@ -368,7 +368,9 @@ def _manifest_block(path: str) -> str:
     versions = {k: v for k, v in (m.get("versions") or {}).items() if v}
     command = m.get("command") or ""
     command = re.sub(r"^\S*/python\S*\s+", "python ", command)  # the interpreter's path is that machine's
-    command = command.replace(ROOT + "/", "").replace("python ppo_async/__main__.py", "python -m ppo_async")
+    for where in {m.get("cwd")} - {None, ""}:  # the directory it ran in (not where the pages are made: the same on any clone)
+        command = command.replace(where.rstrip("/") + "/", "")
+    command = command.replace("python ppo_async/__main__.py", "python -m ppo_async")
     load = [machine.get("loadavg_start"), machine.get("loadavg_end")]
     load_txt = " / ".join(f"{v[0]:.1f}" for v in load if v) or "not recorded"
     wall = m.get("wall_s")

@@ -188,10 +188,26 @@ def test_the_bar_is_tqdm_auto_and_a_notebook_gets_it(monkeypatch):
             pass
 
     monkeypatch.setattr(tqdm.auto, "tqdm", FakeBar)
-    monkeypatch.setitem(sys.modules, "ipykernel", sys.modules.get("ipykernel", type(sys)("ipykernel")))
+    kernel_shell = type("Shell", (), {"kernel": object()})()  # what IPython's get_ipython() is in a kernel
+    fake_ipython = type(sys)("IPython")
+    fake_ipython.get_ipython = lambda: kernel_shell
+    monkeypatch.setitem(sys.modules, "IPython", fake_ipython)
     bar = metrics.Progress(total_env_steps=100, enabled=True)
     assert bar.tty and made and made[0]["total"] == 100
     bar.close()
+
+
+def test_an_imported_ipykernel_is_no_notebook(monkeypatch):
+    """A test run or a library may import ipykernel (test_notebooks does, at collection): the
+    CLI still prints plain lines where stderr is no terminal."""
+    from ppo_async.report import metrics
+
+    monkeypatch.setitem(sys.modules, "ipykernel", type(sys)("ipykernel"))
+    plain_shell = type(sys)("IPython")
+    plain_shell.get_ipython = lambda: None  # IPython imported, no shell running
+    monkeypatch.setitem(sys.modules, "IPython", plain_shell)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert not metrics.in_jupyter_kernel() and not metrics._interactive()
 
 
 # ------------------------------------------------------------------ tune: step i/4, run j/J, ETA

@@ -206,8 +206,17 @@ class Progress:
 
 
 def _interactive() -> bool:
-    """Whether a live bar can redraw: stderr is a terminal, or this is a Jupyter kernel."""
-    return sys.stderr.isatty() or "ipykernel" in sys.modules
+    """Whether a live bar can redraw: stderr is a terminal, or this process is a running Jupyter
+    kernel (IPython's shell has a kernel; `ipykernel` merely imported, as by a test run or a
+    library, is not one)."""
+    return sys.stderr.isatty() or in_jupyter_kernel()
+
+
+def in_jupyter_kernel() -> bool:
+    """Whether code runs inside a live Jupyter kernel (where tqdm.auto draws a widget)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    return getattr(shell, "kernel", None) is not None
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
