@@ -242,6 +242,21 @@ def test_gymnasium_halfcheetah_threaded_run():
     assert_accounting(config, result)
 
 
+def test_gymnasium_model_notices_are_dropped_and_other_mujoco_warnings_kept(capfd):
+    """HalfCheetah-v5's XML sets MuJoCo's deprecated `settotalmass`: MuJoCo printed one
+    WARNING line per env built (16 per sampler); our hook drops that notice only."""
+    mujoco = pytest.importorskip("mujoco")
+    from ppo_async.envs import gymnasium as host_envs
+
+    env = host_envs.HostVectorEnv(envs.make_env("gymnasium/HalfCheetah-v5").env, 2, seed=0)
+    env.close()
+    assert mujoco.get_mju_user_warning() is host_envs.mujoco_warning and host_envs.filter_mujoco_notices()
+    host_envs.mujoco_warning("Nan, Inf or huge value in QACC at DOF 0. The simulation is unstable.")
+    out, err = capfd.readouterr()
+    assert "settotalmass" not in out + err
+    assert err.strip() == "WARNING: Nan, Inf or huge value in QACC at DOF 0. The simulation is unstable."
+
+
 def test_a_host_sampler_that_raises_reaches_train_within_5s(monkeypatch):
     calls, raised_at = [0], []
     real = host_rollout.HostVectorEnv.step

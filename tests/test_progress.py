@@ -8,7 +8,6 @@ import io
 import itertools
 import sys
 
-import pytest
 
 from ppo_async.cli import progress
 from ppo_async.cli.progress import CLEAR_LINE, Waiting, waiting_text
