@@ -135,7 +135,13 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
     out["update_moved_params"] = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                                      for a, b in zip(jax.tree.leaves(ref.params), jax.tree.leaves(state.params)))
     out["obs_mean_diff"] = float(np.max(np.abs(np.asarray(ref.obs_stats.mean) - np.asarray(dp.obs_stats.mean))))
-    out["same_scalars"] = {k: [float(ref_m[k]), float(dp_m[k])] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm")}
+    out["same_scalars"] = {k: [float(ref_m[k]), float(dp_m[k])] for k in (
+        "policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm", "approx_kl_max", "ratio_max", "ess_fraction",
+        "clip_fraction", "explained_variance", "lag_mean", "lag_max")}
+    out["same_vectors"] = {k: [np.asarray(ref_m[k]).tolist(), np.asarray(dp_m[k]).tolist()] for k in ("kl_per_lag", "ess_fraction_per_lag")}
+    # the collectives of one iteration, as ops in the program (a loop body's ops once)
+    hlo = update.lower(place_state(state), place_traj(traj), place_state(key), place_state(hp)).as_text()
+    out["collective_ops"] = {op: hlo.count("stablehlo." + op) for op in ("all_reduce", "all_gather")}
     out["hist"] = [np.asarray(ref_m["lag_histogram"]).tolist(), np.asarray(dp_m["lag_histogram"]).tolist()]
     out["consumed"] = [int(ref_m["consumed"]), int(dp_m["consumed"])]
     out["version"] = int(dp.version)
@@ -180,7 +186,12 @@ def test_data_parallel_update_matches_the_single_device_update(multi_device):
     assert r["obs_mean_diff"] < 1e-6
     for name, (ref, dp) in r["same_scalars"].items():
         assert dp == pytest.approx(ref, rel=1e-4, abs=1e-6), name
+    for name, (ref, dp) in r["same_vectors"].items():
+        np.testing.assert_allclose(np.asarray(dp, float), np.asarray(ref, float), rtol=1e-4, atol=1e-6, err_msg=name)
     assert r["hist"][0] == r["hist"][1] and r["consumed"] == [128, 128]
+    # per iteration: the gradient's all-reduce inside the SGD loop, one all-gather of every
+    # minibatch's advantage moments before it, one pmax and one psum of the diagnostics after it
+    assert r["collective_ops"] == {"all_reduce": 3, "all_gather": 1}
     assert r["version"] == 1 and r["replicated"] is True
 
 

@@ -335,6 +335,44 @@ class TestNormalizeAdvantages:
         out = L.normalize_advantages(jnp.full((5,), 3.0))
         close(out, np.zeros(5))
 
+    def test_moments_hand_values_and_pooling_equal_the_whole(self):
+        # [1, 3, 5] kept (100 masked): n 3, mean 3, M2 = 4 + 0 + 4 = 8
+        close(losses.weighted_moments(f32([1.0, 3.0, 100.0, 5.0]), f32([1, 1, 0, 1])), [3.0, 3.0, 8.0])
+        # shards [1, 3] (n 2, mean 2, M2 2) and [5, 9, 10] (n 3, mean 8, M2 9 + 1 + 4 = 14):
+        # n 5, mean (4 + 24) / 5 = 5.6, M2 = 2 + 14 + 2 * 3.6^2 + 3 * 2.4^2 = 16 + 25.92 + 17.28 = 59.2
+        shards = jnp.stack([losses.weighted_moments(f32([1.0, 3.0, 0.0]), f32([1, 1, 0])),
+                            losses.weighted_moments(f32([5.0, 9.0, 10.0]))])
+        close(losses.pooled_moments(shards), [5.0, 5.6, 59.2], rtol=1e-6)
+        rng = np.random.default_rng(0)
+        values, keep = rng.normal(40.0, 3.0, (4, 3, 50)), rng.random((4, 3, 50)) > 0.3  # 4 shards x 3 minibatches
+        pooled = losses.pooled_moments(losses.weighted_moments(f32(values), f32(keep)))
+        for m in range(3):
+            kept = values[:, m][keep[:, m]]
+            close(pooled[m], [kept.size, kept.mean(), np.sum((kept - kept.mean()) ** 2)], rtol=1e-5)
+
+    def test_gathered_moments_over_an_axis_equal_the_whole(self):
+        adv = jax.random.normal(jax.random.PRNGKey(0), (4, 2, 16)) * 5.0 + 3.0
+        local = jax.vmap(losses.weighted_moments)(adv)
+        gathered = jax.vmap(lambda m: losses.gathered_moments(m, "dev"), axis_name="dev")(local)
+        close(gathered[2], losses.weighted_moments(jnp.moveaxis(adv, 0, 1).reshape(2, -1)), rtol=1e-5)
+
+
+class TestFoldedCollectives:
+    def test_a_folded_psum_and_pmax_equal_per_leaf_ones_with_dtypes_kept(self):
+        # (one collective each: counted in the program by test_data_parallel)
+        from ppo_async.core import collectives
+
+        tree = {"counts": jnp.arange(12, dtype=jnp.int32).reshape(4, 3), "mean": f32([0.5, 1.5, -2.0, 4.0]),
+                "vector": jnp.arange(8, dtype=jnp.float32).reshape(4, 2)}
+        summed = jax.vmap(lambda t: collectives.folded_psum(t, "dev"), axis_name="dev")(tree)
+        assert summed["counts"].dtype == jnp.int32
+        np.testing.assert_array_equal(summed["counts"][1], [18, 22, 26])
+        close(summed["mean"][3], 4.0)
+        close(summed["vector"][0], [12.0, 16.0])
+        top = jax.vmap(lambda t: collectives.folded_pmax(t, "dev"), axis_name="dev")(tree)
+        np.testing.assert_array_equal(top["counts"][0], [9, 10, 11])
+        close(top["mean"][0], 4.0)
+
 
 # --------------------------------------------------------------------------------------
 # GAE and V-trace against plain Python reference loops

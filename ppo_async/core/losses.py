@@ -435,22 +435,47 @@ def ess_fraction(
     Returns:
       `[num_segments]` fractions in (0, 1]; NaN for a segment without samples.
     """
+    top = ess_segment_max(log_weight, mask, segment_ids, num_segments)
+    if axis_name is not None:
+        top = jax.lax.pmax(top, axis_name)
+    sums = ess_segment_sums(log_weight, mask, segment_ids, num_segments, top)
+    if axis_name is not None:
+        sums = jax.lax.psum(sums, axis_name)
+    return ess_from_sums(sums)
+
+
+def _ess_inputs(log_weight, mask, segment_ids):
     log_weight = log_weight.reshape(-1)
     keep = jnp.ones_like(log_weight) if mask is None else mask.reshape(-1).astype(log_weight.dtype)
     segment = jnp.zeros(log_weight.shape, jnp.int32) if segment_ids is None else segment_ids.reshape(-1)
-    masked_log = jnp.where(keep > 0, log_weight, -jnp.inf)
-    top = jax.ops.segment_max(masked_log, segment, num_segments=num_segments)
-    if axis_name is not None:
-        top = jax.lax.pmax(top, axis_name)
+    return jnp.where(keep > 0, log_weight, -jnp.inf), keep, segment
+
+
+def ess_segment_max(log_weight: chex.Array, mask: chex.Array | None = None, segment_ids: chex.Array | None = None,
+                    num_segments: int = 1) -> chex.Array:
+    """`[num_segments]` largest kept log-weight per segment (-inf where none): `ess_fraction`'s
+    first stage, whose maximum over devices every device then scales by."""
+    masked_log, _, segment = _ess_inputs(log_weight, mask, segment_ids)
+    return jax.ops.segment_max(masked_log, segment, num_segments=num_segments)
+
+
+def ess_segment_sums(log_weight: chex.Array, mask: chex.Array | None, segment_ids: chex.Array | None,
+                     num_segments: int, top: chex.Array) -> chex.Array:
+    """`[3, num_segments]` (count, sum w, sum w^2) per segment with w = exp(log_weight - top)
+    (`top` `[num_segments]`: the segment's largest log-weight, `ess_segment_max`; so w is in
+    [0, 1]): `ess_fraction`'s second stage, summed over devices."""
+    masked_log, keep, segment = _ess_inputs(log_weight, mask, segment_ids)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
     w = jnp.exp(jnp.minimum(masked_log - top[segment], 0.0)) * keep  # in [0, 1], exactly 1 at the maximum
-    sums = jnp.stack([
+    return jnp.stack([
         jax.ops.segment_sum(keep, segment, num_segments=num_segments),
         jax.ops.segment_sum(w, segment, num_segments=num_segments),
         jax.ops.segment_sum(w * w, segment, num_segments=num_segments),
     ])
-    if axis_name is not None:
-        sums = jax.lax.psum(sums, axis_name)
+
+
+def ess_from_sums(sums: chex.Array) -> chex.Array:
+    """`[3, S]` sums (`ess_segment_sums`) -> `[S]` ESS / n = (sum w)^2 / (n sum w^2); NaN where n = 0."""
     count, s1, s2 = sums
     return jnp.where(count > 0, jnp.square(s1) / jnp.maximum(count * s2, 1e-30), jnp.nan)
 
@@ -565,20 +590,51 @@ def ratio_stats(
     )
 
 
+def weighted_moments(values: chex.Array, weight: chex.Array | None = None) -> chex.Array:
+    """`[..., 3]`: (count, mean, M2) of `values` `[..., b]` over its last axis, counting the
+    samples with weight 1 (all when `weight` is None); M2 = sum of squared deviations from the
+    mean. A shard's moments, pooled exactly with `pooled_moments` (Chan, Golub & LeVeque 1979)."""
+    w = jnp.ones_like(values) if weight is None else weight.astype(values.dtype)
+    count = jnp.sum(w, -1)
+    mean = jnp.sum(values * w, -1) / jnp.maximum(count, 1.0)
+    m2 = jnp.sum(jnp.square(values - mean[..., None]) * w, -1)
+    return jnp.stack([count, mean, m2], -1)
+
+
+def pooled_moments(moments: chex.Array) -> chex.Array:
+    """`[D, ..., 3]` moments of D disjoint shards -> `[..., 3]` moments of their union (exact:
+    M2 = sum M2_d + sum n_d (mean_d - mean)^2, Chan et al. 1979's parallel variance)."""
+    count, mean, m2 = moments[..., 0], moments[..., 1], moments[..., 2]
+    total = jnp.sum(count, 0)
+    pooled_mean = jnp.sum(count * mean, 0) / jnp.maximum(total, 1.0)
+    pooled_m2 = jnp.sum(m2, 0) + jnp.sum(count * jnp.square(mean - pooled_mean), 0)
+    return jnp.stack([total, pooled_mean, pooled_m2], -1)
+
+
+def gathered_moments(moments: chex.Array, axis_name: str | None) -> chex.Array:
+    """`weighted_moments` of this shard -> those of every shard along `axis_name` together, in
+    one collective (an all-gather of the small moments array); unchanged when `axis_name` is None."""
+    if axis_name is None:
+        return moments
+    return pooled_moments(jax.lax.all_gather(moments, axis_name))
+
+
+def standardize(values: chex.Array, moments: chex.Array, eps: float = 1e-8) -> chex.Array:
+    """(values - mean) / (std + eps) with `moments` `[..., 3]` (`weighted_moments`) of `values`
+    `[..., b]`: the population std sqrt(M2 / count)."""
+    count, mean, m2 = moments[..., 0:1], moments[..., 1:2], moments[..., 2:3]
+    return (values - mean) / (jnp.sqrt(m2 / jnp.maximum(count, 1.0)) + eps)
+
+
 def normalize_advantages(
     advantages: chex.Array, mask: chex.Array | None = None, eps: float = 1e-8, axis_name: str | None = None
 ) -> chex.Array:
     """(A - mean(A)) / (std(A) + eps) over all elements (optionally masked); shape preserved.
 
     With `axis_name` (inside shard_map / pmap) mean and std are taken over the shards of every
-    device along that axis, so a data-parallel minibatch is normalised as one minibatch.
+    device along that axis (one collective, `gathered_moments`), so a data-parallel minibatch is
+    normalised as one minibatch.
     """
-    if axis_name is None:
-        mean = masked_mean(advantages, mask)
-        std = jnp.sqrt(masked_mean(jnp.square(advantages - mean), mask))
-        return (advantages - mean) / (std + eps)
-    weight = jnp.ones_like(advantages) if mask is None else mask.astype(advantages.dtype)
-    count = jnp.maximum(jax.lax.psum(jnp.sum(weight), axis_name), 1.0)
-    mean = jax.lax.psum(jnp.sum(advantages * weight), axis_name) / count
-    var = jax.lax.psum(jnp.sum(jnp.square(advantages - mean) * weight), axis_name) / count
-    return (advantages - mean) / (jnp.sqrt(var) + eps)
+    flat = advantages.reshape(-1)
+    moments = gathered_moments(weighted_moments(flat, None if mask is None else mask.reshape(-1)), axis_name)
+    return standardize(flat, moments, eps).reshape(advantages.shape)

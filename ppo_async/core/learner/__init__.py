@@ -33,7 +33,6 @@ from ppo_async.core.learner.context import (
 )
 from ppo_async.core.learner.diagnostics import (
     minibatch_diagnostics,
-    ess_metrics,
     iteration_metrics,
     lag_metrics,
     explained_variance,
@@ -70,7 +69,6 @@ __all__ = [
     "sample_lag",
     "stale_weight",
     "minibatch_diagnostics",
-    "ess_metrics",
     "iteration_metrics",
     "lag_metrics",
     "explained_variance",

@@ -8,7 +8,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from ppo_async.core import losses
+from ppo_async.core import collectives, losses
 from ppo_async.core.learner.context import Batch, LearnerContext
 from ppo_async.core.learner.hyperparams import Hyperparams
 
@@ -48,6 +48,7 @@ def minibatch_diagnostics(
     bucket = jax.nn.one_hot(jnp.minimum(lag, ctx.lag_buckets - 1).reshape(-1), ctx.lag_buckets) * weight.reshape(-1)[:, None]
     return {
         "approx_kl": kl,
+        "kept": jnp.sum(weight, -1),
         **stats._asdict(),
         "is_clip_fraction": is_clip_fraction,
         "lag_count": jnp.sum(bucket, axis=0),
@@ -55,58 +56,72 @@ def minibatch_diagnostics(
         "lag_clip_sum": clipped @ bucket,
     }
 
-def ess_metrics(ctx: LearnerContext, batch: Batch) -> dict[str, chex.Array]:
-    """Effective sample size of the batch's importance weights pi_learner / mu (the learner at
-    the start of the iteration over the behaviour policy), as a fraction of the kept samples:
-    `ess_fraction` (scalar) and `ess_fraction_per_lag` (`[lag_buckets]`, NaN where no sample
-    had that lag). Staleness spreads the weights, and a falling ESS is an early sign of
-    collapse under lag. Independent of the objective."""
-    log_weight = batch.prox_log_prob - batch.behavior_log_prob
-    bucket = jnp.minimum(batch.lag, ctx.lag_buckets - 1)
-    return {
-        "ess_fraction": losses.ess_fraction(log_weight, batch.weight, axis_name=ctx.axis_name)[0],
-        "ess_fraction_per_lag": losses.ess_fraction(log_weight, batch.weight, bucket, ctx.lag_buckets, ctx.axis_name),
-    }
-
 def iteration_metrics(
     ctx: LearnerContext, per_minibatch: dict[str, chex.Array], batch: Batch, lag: chex.Array,
     step_ran: chex.Array | None = None,
 ) -> dict[str, chex.Array]:
     """One iteration's metrics from the per-minibatch diagnostics `[E, M]`, the per-lag sums
-    `[lag_buckets]` (`minibatch_diagnostics`) and the batch.
+    `[lag_buckets]` (`minibatch_diagnostics`) and the batch; `consumed` is the count of kept samples.
 
     Scalars are means over minibatches (over those with `step_ran` `[E, M]`, when given:
-    `slotted_epochs`); `approx_kl_max` / `ratio_max` maxima; per-lag KL and
-    clip fractions are pooled sums over buckets (NaN where no sample had that lag). Under data
-    parallelism every shard holds the same number of samples, so means average over devices,
-    counts and per-lag sums add up and maxima take the max.
+    `slotted_epochs`); `approx_kl_max` / `ratio_max` maxima; per-lag KL and clip fractions are
+    pooled sums over buckets (NaN where no sample had that lag); `approx_kl_max` the largest KL
+    of a whole minibatch (every device's share of it); `ess_fraction` and
+    `ess_fraction_per_lag` the effective sample size of the batch's importance weights
+    pi_learner / mu (the learner at the start of the iteration over the behaviour policy) as a
+    fraction of the kept samples (`losses.ess_fraction`; staleness spreads the weights, and a
+    falling ESS is an early sign of collapse under lag). Under data parallelism every shard
+    holds the same number of samples, so means average over devices, counts and per-lag sums add
+    up and maxima take the max: two collectives in all (`collectives.folded_pmax`, then
+    `folded_psum`: the ESS sums need the global maxima first).
     """
     per_minibatch = dict(per_minibatch)
-    lag_count, lag_kl_sum, lag_clip_sum = (per_minibatch.pop(k) for k in ("lag_count", "lag_kl_sum", "lag_clip_sum"))
+    sums = {k: per_minibatch.pop(k) for k in ("lag_count", "lag_kl_sum", "lag_clip_sum")}
+    kept = per_minibatch.pop("kept")  # [E, M] kept samples of each step's minibatch (this device's share)
+    sums.update(minibatch_kl_sum=per_minibatch["approx_kl"] * kept, minibatch_kept=kept)
     lag_stats = lag_metrics(lag, batch.weight.reshape(lag.shape), ctx.lag_buckets)
     if step_ran is None:
         mean, largest = jnp.mean, jnp.max
     else:
         mean = lambda x: jnp.sum(jnp.where(step_ran, x, 0.0)) / jnp.maximum(jnp.sum(step_ran), 1)  # noqa: E731
         largest = lambda x: jnp.max(jnp.where(step_ran, x, -jnp.inf))  # noqa: E731
-    metrics = {name: mean(value) for name, value in per_minibatch.items()}
-    metrics["explained_variance"] = explained_variance(batch.old_value, batch.target)
-    metrics["lag_mean"] = lag_stats.pop("lag_mean")
-    approx_kl_max = largest(per_minibatch["approx_kl"])
-    ratio_max = largest(per_minibatch["ratio_max"])
+    means = {name: mean(value) for name, value in per_minibatch.items()}
+    means["lag_mean"] = lag_stats.pop("lag_mean")
+    log_weight = batch.prox_log_prob - batch.behavior_log_prob
+    bucket = jnp.minimum(batch.lag, ctx.lag_buckets - 1)
+    maxima = {"ratio_max": largest(per_minibatch["ratio_max"]),
+              "lag_max": lag_stats.pop("lag_max"), **_ranges(batch.target, batch.target - batch.old_value), "ess_top": losses.ess_segment_max(log_weight, batch.weight),
+              "ess_top_per_lag": losses.ess_segment_max(log_weight, batch.weight, bucket, ctx.lag_buckets)}
     if ctx.axis_name is not None:
-        metrics = jax.lax.pmean(metrics, ctx.axis_name)
-        lag_count, lag_kl_sum, lag_clip_sum, lag_stats = jax.lax.psum(
-            (lag_count, lag_kl_sum, lag_clip_sum, lag_stats), ctx.axis_name
-        )
-        lag_stats["lag_max"] = jax.lax.pmax(jnp.max(lag), ctx.axis_name).astype(jnp.int32)
-        approx_kl_max, ratio_max = jax.lax.pmax((approx_kl_max, ratio_max), ctx.axis_name)
-    metrics.update(lag_stats)
-    metrics["approx_kl_max"] = approx_kl_max
-    metrics["ratio_max"] = ratio_max
+        maxima = collectives.folded_pmax(maxima, ctx.axis_name)
+    sums.update(target_sums=variance_sums(batch.target, 0.5 * (maxima["target_max"] - maxima.pop("target_neg_min"))),
+                residual_sums=variance_sums(batch.target - batch.old_value,
+                                            0.5 * (maxima["residual_max"] - maxima.pop("residual_neg_min"))))
+    maxima.pop("target_max"), maxima.pop("residual_max")
+    sums.update(lag_stats, consumed=jnp.sum(batch.weight).astype(jnp.int32), devices=jnp.ones((), jnp.int32),
+                ess=losses.ess_segment_sums(log_weight, batch.weight, None, 1, maxima.pop("ess_top")),
+                ess_per_lag=losses.ess_segment_sums(log_weight, batch.weight, bucket, ctx.lag_buckets,
+                                                    maxima.pop("ess_top_per_lag")))
+    if ctx.axis_name is not None:
+        means, sums = collectives.folded_psum((means, sums), ctx.axis_name)
+        means = {name: value / sums["devices"] for name, value in means.items()}
+    lag_count, lag_kl_sum, lag_clip_sum = (sums.pop(k) for k in ("lag_count", "lag_kl_sum", "lag_clip_sum"))
+    maxima["approx_kl_max"] = largest(sums["minibatch_kl_sum"] / jnp.maximum(sums["minibatch_kept"], 1.0))
+    metrics = {**means, **maxima, "lag_histogram": sums["lag_histogram"], "dropped_stale": sums["dropped_stale"],
+               "consumed": sums["consumed"]}
     metrics["kl_per_lag"] = jnp.where(lag_count > 0, lag_kl_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
     metrics["clip_fraction_per_lag"] = jnp.where(lag_count > 0, lag_clip_sum / jnp.maximum(lag_count, 1.0), jnp.nan)
+    metrics["explained_variance"] = explained_variance_from_sums(sums["residual_sums"], sums["target_sums"])
+    metrics["ess_fraction"] = losses.ess_from_sums(sums["ess"])[0]
+    metrics["ess_fraction_per_lag"] = losses.ess_from_sums(sums["ess_per_lag"])
     return metrics
+
+def _ranges(targets: chex.Array, residuals: chex.Array) -> dict[str, chex.Array]:
+    """Maxima and negated minima of the value targets and residuals (their global midranges
+    shift `variance_sums`)."""
+    return {"target_max": jnp.max(targets), "target_neg_min": -jnp.min(targets),
+            "residual_max": jnp.max(residuals), "residual_neg_min": -jnp.min(residuals)}
+
 
 def lag_metrics(lag: chex.Array, weight: chex.Array, num_buckets: int) -> dict[str, chex.Array]:
     """Lag statistics of one consumed batch.
@@ -131,5 +146,26 @@ def lag_metrics(lag: chex.Array, weight: chex.Array, num_buckets: int) -> dict[s
 
 def explained_variance(predictions: chex.Array, targets: chex.Array) -> chex.Array:
     """1 - Var[targets - predictions] / Var[targets] (1 is perfect, <= 0 is useless)."""
-    var_targets = jnp.var(targets)
-    return jnp.where(var_targets > 0, 1.0 - jnp.var(targets - predictions) / var_targets, jnp.nan)
+    residual = targets - predictions
+    return explained_variance_from_sums(variance_sums(residual, midrange(residual)), variance_sums(targets, midrange(targets)))
+
+
+def midrange(x: chex.Array) -> chex.Array:
+    """(max + min) / 2 of `x`: a shift that keeps |x - shift| <= range / 2 (`variance_sums`)."""
+    return 0.5 * (jnp.max(x) + jnp.min(x))
+
+
+def variance_sums(x: chex.Array, shift: chex.Array) -> chex.Array:
+    """`[3]` (n, sum(x - shift), sum((x - shift)^2)): sums that add up over devices (with one
+    shift for all, e.g. the global `midrange`, which bounds the cancellation of
+    E[d^2] - E[d]^2 by the range rather than the mean)."""
+    d = x.reshape(-1) - shift
+    return jnp.stack([jnp.asarray(d.size, d.dtype), jnp.sum(d), jnp.sum(d * d)])
+
+
+def explained_variance_from_sums(residual: chex.Array, targets: chex.Array) -> chex.Array:
+    """`explained_variance` from the `variance_sums` of the residuals and of the targets; NaN
+    when the targets do not vary."""
+    variance = lambda s: jnp.maximum(s[2] / s[0] - jnp.square(s[1] / s[0]), 0.0)  # noqa: E731
+    var_targets = variance(targets)
+    return jnp.where(var_targets > 0, 1.0 - variance(residual) / var_targets, jnp.nan)

@@ -23,7 +23,7 @@ from jax.flatten_util import ravel_pytree
 from ppo_async.core import losses, networks, normalization
 from ppo_async.core.types import TrainState, Trajectory
 from ppo_async.core.learner.context import Batch, LearnerContext, learning_rate_at, sample_lag, stale_weight
-from ppo_async.core.learner.diagnostics import ess_metrics, iteration_metrics, minibatch_diagnostics
+from ppo_async.core.learner.diagnostics import iteration_metrics, minibatch_diagnostics
 from ppo_async.core.learner.hyperparams import Hyperparams
 from ppo_async.core.learner.optimizer import with_step_hyperparams
 
@@ -90,7 +90,8 @@ def ppo_loss(
     """Total loss of one minibatch `[b]`, its terms and what the diagnostics need.
 
     loss = policy_loss + value_flag * vf_coef * value_loss - ent_coef * entropy, where
-    policy_loss is `losses.decoupled_ppo_loss` with the anchor of the clip
+    policy_loss is `losses.decoupled_ppo_loss` (on the minibatch's advantages as given: the epoch
+    loops standardise them) with the anchor of the clip
     `anchor_log_prob(batch, hparams)`: the behaviour policy (`decoupled = 0`: then the weight
     pi_anchor / mu is exactly 1 and this is the dual-clip PPO loss, Schulman et al. 2017; Ye et
     al. 2020; `dual_clip = inf` is plain PPO clipping) or the proximal policy (`decoupled = 1`,
@@ -103,9 +104,7 @@ def ppo_loss(
     dist, values = ctx.network.apply(params, batch.obs)
     log_prob = networks.log_prob(dist, batch.action)
     mask = batch.weight
-    advantages = batch.advantage
-    if ctx.normalize_advantages:
-        advantages = losses.normalize_advantages(advantages, mask, axis_name=ctx.axis_name)
+    advantages = batch.advantage  # standardised per minibatch already (`epoch_advantage_moments`)
     anchor = anchor_log_prob(batch, hparams)
     policy_loss = losses.decoupled_ppo_loss(
         log_prob, anchor, batch.behavior_log_prob, advantages, hparams.clip_eps, hparams.dual_clip, hparams.is_clip, mask
@@ -166,28 +165,53 @@ def sgd_step(
         prox_params = optax.incremental_update(params, prox_params, 1.0 - hparams.prox_ewma)
     return (params, opt_state, prox_params), metrics
 
+def minibatch_moments(ctx: LearnerContext, advantage: chex.Array, weight: chex.Array) -> chex.Array:
+    """`[E, M, 3]` moments (`losses.weighted_moments`) of every SGD step's minibatch of kept
+    advantages, `[E, M, b]` in, pooled over `ctx.axis_name`'s devices: one collective for the
+    whole iteration instead of one per minibatch (the advantages do not change within an
+    iteration, so each step's statistics are known before the first; exact, Chan et al. 1979)."""
+    return losses.gathered_moments(losses.weighted_moments(advantage, weight), ctx.axis_name)
+
+
+def standardized_minibatch(ctx: LearnerContext, minibatch: Batch, moments: chex.Array) -> Batch:
+    """`minibatch` with its advantages standardised by their (global) `moments` `[3]` when
+    `ppo.normalize_advantages` is on (per minibatch, as CleanRL and the PPO baselines do)."""
+    if not ctx.normalize_advantages:
+        return minibatch
+    return minibatch._replace(advantage=losses.standardize(minibatch.advantage, moments))
+
+
 def static_epochs(
     ctx: LearnerContext, hparams: Hyperparams, value_flag: chex.Array, carry: tuple[Any, Any, Any], batch: Batch,
     key: chex.PRNGKey,
 ) -> tuple[tuple[Any, Any, Any], dict[str, chex.Array], tuple[chex.Array, ...], None, int]:
     """`ctx.num_epochs` passes over `batch` `[B]`, each a fresh permutation cut into
-    `ctx.num_minibatches` minibatches, one `sgd_step` each.
+    `ctx.num_minibatches` minibatches, one `sgd_step` each (advantages standardised per minibatch
+    with `minibatch_moments`, all computed before the first step).
 
     Returns the carry, the steps' outputs `[E, M, ...]`, each step's minibatch
     (behaviour log-probs, weights, lags; `[E, M, B / M]`), None (every step ran) and E * M.
     """
     batch_size = batch.advantage.shape[0]
     chex.assert_is_divisible(batch_size, ctx.num_minibatches)
+    perms = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(jax.random.split(key, ctx.num_epochs))  # [E, B]
+    cut = lambda x: x[perms].reshape((ctx.num_epochs, ctx.num_minibatches, -1))  # noqa: E731  [E, M, B / M]
+    moments = minibatch_moments(ctx, cut(batch.advantage), cut(batch.weight))
 
-    def epoch(carry, epoch_key):
-        perm = jax.random.permutation(epoch_key, batch_size)
+    def epoch(carry, epoch_input):
+        perm, epoch_moments = epoch_input
         shuffled = jax.tree.map(
             lambda x: x[perm].reshape((ctx.num_minibatches, -1) + x.shape[1:]), batch
         )
-        carry, out = jax.lax.scan(lambda c, mb: sgd_step(ctx, hparams, value_flag, c, mb), carry, shuffled)
+
+        def step(c, minibatch_input):
+            minibatch, step_moments = minibatch_input
+            return sgd_step(ctx, hparams, value_flag, c, standardized_minibatch(ctx, minibatch, step_moments))
+
+        carry, out = jax.lax.scan(step, carry, (shuffled, epoch_moments))
         return carry, (out, (shuffled.behavior_log_prob, shuffled.weight, shuffled.lag))
 
-    carry, (per_step, minibatches) = jax.lax.scan(epoch, carry, jax.random.split(key, ctx.num_epochs))
+    carry, (per_step, minibatches) = jax.lax.scan(epoch, carry, (perms, moments))
     return carry, per_step, minibatches, None, ctx.num_epochs * ctx.num_minibatches
 
 def slotted_epochs(
@@ -202,6 +226,7 @@ def slotted_epochs(
     into a slot of `B / min_minibatches`, the rest of the slot weight 0: every loss and
     diagnostic is a mean weighted by `Batch.weight`, so a padded slot computes the minibatch's
     values. Slots past (E, M) are skipped by `lax.cond` (params, Adam state and EWMA untouched).
+    Advantages are standardised per minibatch with `minibatch_moments`, as in `static_epochs`.
 
     Returns as `static_epochs`, with `[E_max, M_max, ...]` outputs, the `[E_max, M_max]` mask of
     the steps that ran (their minibatch weights are zero elsewhere) and E * M (traced).
@@ -214,25 +239,32 @@ def slotted_epochs(
     num_minibatches = hparams.num_minibatches.astype(jnp.int32)
     minibatch_size = batch_size // num_minibatches
     offsets = jnp.arange(slot)
+    epochs, steps = jnp.arange(slots.max_epochs), jnp.arange(slots.max_minibatches)
+    perms = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(jax.random.split(key, slots.max_epochs))
+    # [E_max, M_max, slot]: each step's sample indices, and which of them it takes (0 past its
+    # minibatch or in a step that does not run)
+    index = perms[:, jnp.minimum(steps[:, None] * minibatch_size + offsets, batch_size - 1)]
+    ran = jnp.logical_and(epochs[:, None] < num_epochs, steps[None, :] < num_minibatches)  # [E_max, M_max]
+    taken = jnp.logical_and(offsets < minibatch_size, ran[..., None]).astype(batch.weight.dtype)
+    moments = minibatch_moments(ctx, batch.advantage[index], batch.weight[index] * taken)
 
     def epoch(carry, epoch_input):
-        e, epoch_key = epoch_input
-        perm = jax.random.permutation(epoch_key, batch_size)
+        e, epoch_index, epoch_moments = epoch_input
 
-        def step(carry, j):
-            minibatch = jax.tree.map(lambda x: x[perm[jnp.minimum(j * minibatch_size + offsets, batch_size - 1)]], batch)
-            ran = jnp.logical_and(e < num_epochs, j < num_minibatches)
-            weight = minibatch.weight * jnp.logical_and(offsets < minibatch_size, ran).astype(minibatch.weight.dtype)
-            minibatch = minibatch._replace(weight=weight)
+        def step(carry, step_input):
+            j, step_index, step_moments = step_input
+            minibatch = jax.tree.map(lambda x: x[step_index], batch)
+            step_ran = jnp.logical_and(e < num_epochs, j < num_minibatches)
+            weight = minibatch.weight * jnp.logical_and(offsets < minibatch_size, step_ran).astype(minibatch.weight.dtype)
+            minibatch = standardized_minibatch(ctx, minibatch._replace(weight=weight), step_moments)
             run = lambda c: sgd_step(ctx, hparams, value_flag, c, minibatch)  # noqa: E731
             skipped = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run, carry)[1])
-            carry, out = jax.lax.cond(ran, run, lambda c: (c, skipped), carry)
-            return carry, (out, (minibatch.behavior_log_prob, weight, minibatch.lag), ran)
+            carry, out = jax.lax.cond(step_ran, run, lambda c: (c, skipped), carry)
+            return carry, (out, (minibatch.behavior_log_prob, weight, minibatch.lag), step_ran)
 
-        return jax.lax.scan(step, carry, jnp.arange(slots.max_minibatches))
+        return jax.lax.scan(step, carry, (steps, epoch_index, epoch_moments))
 
-    epochs = (jnp.arange(slots.max_epochs), jax.random.split(key, slots.max_epochs))
-    carry, (per_step, minibatches, ran) = jax.lax.scan(epoch, carry, epochs)
+    carry, (per_step, minibatches, ran) = jax.lax.scan(epoch, carry, (epochs, index, moments))
     return carry, per_step, minibatches, ran, num_epochs * num_minibatches
 
 def ppo_update(
@@ -273,8 +305,7 @@ def ppo_update(
     )
     log_prob, anchor, advantage = (per_step.pop(k) for k in ("log_prob", "anchor_log_prob", "advantage"))
     per_step.update(minibatch_diagnostics(ctx, hparams, log_prob, anchor, behavior_log_prob, advantage, weight, step_lag))
-    metrics = iteration_metrics(ctx, per_step, batch, lag, step_valid)
-    metrics.update(ess_metrics(ctx, batch))
+    metrics = iteration_metrics(ctx, per_step, batch, lag, step_valid)  # (global under data parallelism)
     metrics["learning_rate"] = learning_rate
     metrics["value_updated"] = value_flag
 
@@ -285,9 +316,7 @@ def ppo_update(
     reward_stats = state.reward_stats
     if ctx.normalize_reward:
         reward_stats = normalization.merge_moments(reward_stats, trajectory.stats.return_moments)
-    consumed = jnp.sum(batch.weight).astype(jnp.int32)
-    if ctx.axis_name is not None:
-        consumed = jax.lax.psum(consumed, ctx.axis_name)
+    consumed = metrics.pop("consumed")
     new_state = TrainState(
         params=params,
         opt_state=opt_state,
