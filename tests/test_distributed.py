@@ -176,6 +176,86 @@ def test_global_row_sums_the_processes_and_lists_every_sampler():
     assert [(r["process_id"], r["sampler_id"]) for r in records] == [(0, 1), (1, 2)]
 
 
+class SlowKeyValueStore:
+    """The coordination service's key-value calls with `delay_s` added to each (a store far
+    slower than an iteration); thread-safe, blocking gets wake when the key is written."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s, self.values, self.calls = delay_s, {}, 0
+        self.changed = threading.Condition()
+
+    def _call(self) -> None:
+        time.sleep(self.delay_s)
+        with self.changed:
+            self.calls += 1
+
+    def key_value_set(self, key: str, value: str) -> None:
+        self._call()
+        with self.changed:
+            self.values[key] = value
+            self.changed.notify_all()
+
+    def key_value_delete(self, key: str) -> None:
+        self._call()
+        with self.changed:
+            self.values.pop(key, None)
+
+    def key_value_dir_get(self, prefix: str) -> list[tuple[str, str]]:
+        self._call()
+        with self.changed:
+            return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+    def blocking_key_value_get(self, key: str, timeout_ms: int) -> str:
+        self._call()
+        with self.changed:
+            if self.changed.wait_for(lambda: key in self.values, timeout_ms / 1000):
+                return self.values[key]
+        raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+
+
+def test_a_slow_key_value_store_is_on_no_process_iteration_path():
+    """Issue 29: 40 iterations 10 ms apart over a store that takes 0.2 s per call (one call per
+    iteration would take 8 s). Process 1 hands each summary over without waiting for the store;
+    process 0 reads a batch of iterations per call and builds every global row, in order,
+    with the accounting identity, about as fast as the iterations come."""
+    store, iterations, period, delay = SlowKeyValueStore(0.2), 40, 0.01, 0.2
+    cfg = lambda pid: pa.Config(mode="threaded", threaded=pa.ThreadedConfig(num_samplers=1, timeout_s=30.0),  # noqa: E731
+                                distributed=DistributedConfig(num_processes=2, process_id=pid, coordinator_address="127.0.0.1:1"))
+    exchanges = [distributed.Exchange(cfg(p), client=store) for p in (0, 1)]
+
+    def row(pid, i):
+        return {"iteration": i, "lag_histogram": [cfg(0).batch_size], "samples_produced": 1024 * i + 64 * pid, "samples_consumed": 512 * i,
+                "samples_dropped": 0, "samples_resident": 512 * i + 64 * pid, "dropped_forced_refresh": 0,
+                "dropped_overwritten": 0, "dropped_stale_total": 0, "sampler_id": 0, "behavior_version": i - 1,
+                "buffer_fill": 0.5, "lag_mean_local": 1.0, **{name: [1.0] for name in distributed.SAMPLER_COLUMNS}}
+
+    handover = []
+
+    def process_1():
+        for i in range(1, iterations + 1):
+            start = time.perf_counter()
+            exchanges[1].iteration_rows(row(1, i), [], cfg(1), should_stop=lambda: False)
+            handover.append(time.perf_counter() - start)
+            time.sleep(period)
+        exchanges[1].mark_done()
+
+    sender = threading.Thread(target=process_1)
+    start = time.perf_counter()
+    sender.start()
+    merged = [exchanges[0].iteration_rows(row(0, i), [], cfg(0), should_stop=lambda: False) for i in range(1, iterations + 1)]
+    gathered_s = time.perf_counter() - start
+    sender.join(10)
+    assert max(handover) < delay / 4, handover  # never waits on the store
+    assert gathered_s < iterations * period + 10 * delay, gathered_s  # not 40 calls of 0.2 s each
+    assert store.calls < iterations, store.calls  # batched
+    for i, (global_row, _) in enumerate(merged, start=1):
+        assert global_row["iteration"] == i and global_row["process_samples_produced"] == [1024 * i, 1024 * i + 64]
+        assert global_row["samples_produced"] == (global_row["samples_consumed"] + global_row["samples_dropped"]
+                                                  + global_row["samples_resident"])
+        assert global_row["exchange_wait_s"] >= 0.0
+    assert not [k for k in store.values if "/summary/" in k]  # read and deleted
+
+
 def test_local_take_drops_whole_chunks_beyond_max_lag():
     tags = [ChunkTag(0, 0.0, 5), ChunkTag(1, 0.0, 2)]
     assert distributed.local_take(tags, 6, max_lag=2, chunk_size=64) == (64, 64, 2.5)

@@ -275,8 +275,10 @@ def _client() -> Any:
 class Exchange:
     """What the processes of one run tell each other through the coordination service.
 
-    Keys live under `ppo_async/<run id>/`; every wait polls in `POLL_S` steps so that a stop
-    (`should_stop()`) or a peer's failure ends it at once, and a dead peer is named.
+    Keys live under `ppo_async/run/`; every wait is a blocking get in `POLL_S` slices (it
+    returns as soon as the key is written) so that a stop (`should_stop()`) or a peer's failure
+    ends it at once, and a dead peer is named. Summaries go through a background sender
+    (`send_summary`), so the store's latency is on no process's iteration path.
     """
 
     def __init__(self, config: Config, client: Any = None) -> None:
@@ -287,6 +289,11 @@ class Exchange:
         self.prefix = KEY_PREFIX + "run/"
         self._stopped = threading.Event()
         self._dead: list[int] = []  # peers whose heartbeat stopped (the heartbeat thread's view)
+        self._outbox: list[tuple[int, dict[str, Any]]] = []  # summaries the sender has not written yet
+        self._outbox_lock, self._outbox_ready = threading.Lock(), threading.Event()
+        self._sender: threading.Thread | None = None
+        self._closing, self._send_error = False, None
+        self._inbox: dict[int, dict[int, dict[str, Any]]] = {}  # process 0: peer -> iteration -> summary read ahead
 
     # -- failures
     def report_failure(self, message: str) -> None:
@@ -345,7 +352,9 @@ class Exchange:
         return {int(k.rpartition("/")[2]) for k, _ in self.client.key_value_dir_get(f"{self.prefix}done/")}
 
     def mark_done(self) -> None:
-        """This process finished its run (a stopped heartbeat then means done, not dead)."""
+        """This process finished its run (a stopped heartbeat then means done, not dead); its
+        queued summaries are written first (process 0 waits for them)."""
+        self.flush(self.config.threaded.timeout_s)
         try:
             self.client.key_value_set(f"{self.prefix}done/{self.process_id}", "1")
         except Exception:  # noqa: BLE001
@@ -377,9 +386,47 @@ class Exchange:
         if outcome is not None and outcome != "ok":
             raise DistributedFailure(f"process 0 could not prepare the run directory: {outcome}")
 
-    # -- per-iteration summaries
-    def put_summary(self, iteration: int, summary: Mapping[str, Any]) -> None:
-        self.client.key_value_set(f"{self.prefix}summary/{iteration}/{self.process_id}", json.dumps(summary))
+    # -- per-iteration summaries: off every process's critical path
+    # Processes > 0 hand a summary to a background sender (`send_summary` returns at once); it
+    # writes every summary waiting at that moment as one key, `summary/<process>/<first
+    # iteration>`, so a slow store costs one call per batch of iterations, not one each.
+    # Process 0 reads a peer's batch with one blocking get (no sleep-polling: it returns when
+    # the key is written) and keeps the iterations it holds for the rows to come.
+    def send_summary(self, iteration: int, summary: Mapping[str, Any]) -> None:
+        """Queues this process's summary of `iteration` for process 0 (never waits on the store);
+        raises the sender's error if an earlier send failed."""
+        if self._send_error is not None:
+            raise DistributedFailure(f"sending iteration summaries to process 0 failed: {self._send_error}")
+        with self._outbox_lock:
+            self._outbox.append((int(iteration), dict(summary)))
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_loop, name="ppo_async-summary-sender", daemon=True)
+                self._sender.start()
+        self._outbox_ready.set()
+
+    def _send_loop(self) -> None:
+        while True:
+            self._outbox_ready.wait()
+            with self._outbox_lock:
+                batch, self._outbox = self._outbox, []
+                self._outbox_ready.clear()
+            if batch:
+                try:
+                    self.client.key_value_set(f"{self.prefix}summary/{self.process_id}/{batch[0][0]:010d}", json.dumps(batch))
+                except Exception as exc:  # noqa: BLE001 - raised by the next send_summary / flush
+                    self._send_error = exc
+                    return
+            with self._outbox_lock:
+                if self._closing and not self._outbox:
+                    return
+
+    def flush(self, timeout_s: float) -> None:
+        """Waits (at most `timeout_s`) until every queued summary is written; ends the sender."""
+        with self._outbox_lock:
+            sender, self._closing = self._sender, True
+        self._outbox_ready.set()
+        if sender is not None:
+            sender.join(timeout_s)
 
     def gather_summaries(self, iteration: int, own: Mapping[str, Any], timeout_s: float,
                          should_stop: Callable[[], bool]) -> list[dict[str, Any]] | None:
@@ -387,28 +434,35 @@ class Exchange:
         None when `should_stop()` turned true while waiting."""
         out = [dict(own)]
         for p in range(1, self.num_processes):
-            key = f"{self.prefix}summary/{iteration}/{p}"
-            value = self._get(key, timeout_s, should_stop)
-            if value is None:
-                return None
-            out.append(json.loads(value))
-            self.client.key_value_delete(key)
+            held = self._inbox.setdefault(p, {})
+            while iteration not in held:  # the next batch of p starts at the first iteration not yet read
+                key = f"{self.prefix}summary/{p}/{iteration:010d}"
+                value = self._get(key, timeout_s, should_stop)
+                if value is None:
+                    return None
+                held.update((int(i), summary) for i, summary in json.loads(value))
+                self.client.key_value_delete(key)
+            out.append(held.pop(iteration))
         return out
 
     def iteration_rows(self, row: Mapping[str, Any], records: Sequence[Mapping[str, Any]], config: Config,
                        should_stop: Callable[[], bool]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         """This process's row and version records of one iteration -> what its recorder records:
-        on process 0 the global row and every process's records (`global_row`), elsewhere its
-        own (sent on to process 0). None when `should_stop()` turned true while waiting."""
+        on process 0 the global row and every process's records (`global_row`; `exchange_wait_s`:
+        how long it waited for the others' summaries), elsewhere its own (queued for process 0).
+        None when `should_stop()` turned true while waiting."""
         iteration = int(row["iteration"])
         summary = process_summary(row, records)
         if self.process_id != 0:
-            self.put_summary(iteration, summary)
+            self.send_summary(iteration, summary)
             return dict(row), [dict(r) for r in records]
+        start = time.perf_counter()
         summaries = self.gather_summaries(iteration, summary, config.threaded.timeout_s, should_stop)
         if summaries is None:
             return None
-        return global_row(row, summaries, config.threaded.num_samplers, config.batch_size)
+        merged, all_records = global_row(row, summaries, config.threaded.num_samplers, config.batch_size)
+        merged["exchange_wait_s"] = time.perf_counter() - start
+        return merged, all_records
 
     def blame(self, exc: BaseException) -> BaseException:
         """The error this process ends with: a `DistributedFailure` naming the processes that

@@ -78,6 +78,18 @@ def threaded_accounting(
     }
 
 
+LEARNER_PHASES = {
+    "learner_handover_s": "the previous iteration's hand-over of its row to the logging thread (waits while the "
+                          "logger is behind: back-pressure)",
+    "learner_place_s": "merging the batch's chunks and placing them on the learner devices",
+    "learner_update_s": "the update program: SGD steps and, with several devices or processes, their collectives",
+    "learner_fetch_s": "copying the update's metrics and counters to the host",
+    "learner_publish_s": "publishing the new params to the samplers",
+}
+"""The learner's time per iteration by phase (row fields, seconds); with `learner_wait_s` (waiting
+for the batch) they add up to the iteration's time."""
+
+
 @dataclass(frozen=True)
 class IterationTimes:
     """perf_counter instants of one learner iteration: run start, iteration start, batch taken, update done."""
@@ -115,12 +127,13 @@ def learner_row(
     buffer_fill: float,
     times: IterationTimes,
     sampler_stats: Sequence[SamplerStats],
+    phases: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One threaded metrics row (pure): the update's metrics plus versions, timing, accounting, samplers.
 
     `tags` are the consumed chunks' tags; with one chunk `sampler_id` / `behavior_version` are
     scalars, else lists. `env_steps` counts the samples the learner took (consumed + dropped
-    as stale).
+    as stale). `phases` (seconds, `LEARNER_PHASES`) says where the learner's iteration went.
     """
     elapsed = times.done - times.start
     iteration_s = max(times.done - times.tick, 1e-9)
@@ -140,6 +153,7 @@ def learner_row(
         learner_busy_fraction=(times.done - times.got) / iteration_s,
         learner_wait_s=times.got - times.tick,
         **accounting,
+        **(phases or {}),
         **_sampler_columns(sampler_stats, elapsed, times.done),
     )
     return row
@@ -177,6 +191,7 @@ class Learner:
         self.shared, self.update, self.merge, self.place_trajectory, self.out = shared, update, merge, place_trajectory, out
         self.train_state, self.key, self.hparams = train_state, key, hparams
         self.consumed_total = self.dropped_stale_total = self.version = 0
+        self.phases: dict[str, float] = dict.fromkeys(LEARNER_PHASES, 0.0)
         self.limits = controller_limits(shared.config)
         self.control = None if self.limits is None else kl_control.initial_state(self.limits)
 
@@ -213,28 +228,38 @@ class Learner:
                                          self.consumed_total, self.dropped_stale_total)
         row = learner_row(config, metrics, iteration=iteration, tags=tags, learner_version=self.version,
                           sgd_steps=sgd_steps, accounting=accounting, buffer_fill=counters["size"] / shared.buffer.capacity,
-                          times=IterationTimes(shared.start, tick, got, done), sampler_stats=shared.stats)
+                          times=IterationTimes(shared.start, tick, got, done), sampler_stats=shared.stats,
+                          phases=self.phases)
         if self.control is not None:  # the KL controller moves the lag knobs for what comes next
             row.update(self._control(metrics, consumed, done - shared.start))
         records = [schedule_record(iteration, t.sampler_id, int(t.policy_version), version_before, t.made_at,
                                    got - shared.start) for t in tags]
         keep = shared.keeps_state(iteration) or iteration == config.num_iterations
+        handover = time.perf_counter()
         if not put_for_logger(shared, self.out, LearnerOutput(row, records, self.train_state if keep else None)):
             return False
+        self.phases["learner_handover_s"] = time.perf_counter() - handover  # (in the next row)
         shared.last_put_state = self.train_state
         return True
 
     def _update(self, chunks: list) -> tuple[dict[str, Any], int]:
         """One update on the merged chunks; publishes the new params when the version moved.
         Returns `(metrics, sgd_steps)` on the host."""
+        start = time.perf_counter()
         trajectory = self.place_trajectory(self.merge(chunks) if len(chunks) > 1 else chunks[0])
         self.key, update_key = jax.random.split(self.key)
         version_before = self.version
+        placed = time.perf_counter()
         self.train_state, metrics = self.update(self.train_state, trajectory, update_key, self.hparams)
+        jax.block_until_ready(metrics)
+        updated = time.perf_counter()
         metrics, version, sgd_steps = jax.device_get((metrics, self.train_state.version, self.train_state.sgd_steps))
+        fetched = time.perf_counter()
         self.version = int(version)
         if self.version > version_before:
             self.shared.store.publish(distributed.local_value(snapshot_of(self.train_state)))
+        self.phases.update(learner_place_s=placed - start, learner_update_s=updated - placed,
+                           learner_fetch_s=fetched - updated, learner_publish_s=time.perf_counter() - fetched)
         return dict(metrics), int(sgd_steps)
 
     def _control(self, metrics: Mapping[str, Any], consumed: int, elapsed_s: float) -> dict[str, Any]:
