@@ -64,6 +64,17 @@ def test_distributed_config_errors_name_the_field():
     config = pa.Config(mode="threaded", rollout=pa.RolloutConfig(num_envs=4, num_steps=16), total_env_steps=1024,
                        distributed=DistributedConfig(num_processes=2, process_id=1, coordinator_address="127.0.0.1:9"))
     assert (config.local_batch_size, config.batch_size, config.num_iterations) == (64, 128, 8)
+    with pytest.raises(ConfigError, match=r"distributed.learner_sync = 'batch' has no effect"):
+        DistributedConfig(learner_sync="batch")
+    with pytest.raises(ConfigError, match=r"distributed.learner_sync = 'all' is invalid"):
+        DistributedConfig(num_processes=2, process_id=0, coordinator_address="127.0.0.1:1", learner_sync="all")
+    # auto: the batch gathered up to 65,536 samples per iteration (every process's), else gradients all-reduced
+    two = lambda envs, sync="auto": pa.Config(  # noqa: E731
+        mode="threaded", rollout=pa.RolloutConfig(num_envs=envs, num_steps=64), total_env_steps=10**6,
+        distributed=DistributedConfig(num_processes=2, process_id=0, coordinator_address="127.0.0.1:9", learner_sync=sync))
+    assert (two(512).batch_size, two(512).learner_sync) == (65_536, "batch")
+    assert (two(1024).batch_size, two(1024).learner_sync) == (131_072, "gradients")
+    assert two(16, "gradients").learner_sync == "gradients" and two(1024, "batch").learner_sync == "batch"
 
 
 def test_distributed_section_is_read_from_the_command_line_before_parsing():
@@ -396,12 +407,17 @@ UPDATE_SCRIPT = textwrap.dedent(
     update, place_state, place_traj = placement.learner_placement(dp_ctx, jax.devices(), multi_process=True)
     out, m = update(place_state(state), place_traj(halves[process_id]), place_state(key), place_state(hp))
     out = distributed.local_value(out)
+    # learner_sync = "batch": the batch gathered from both processes, the single-device update on it
+    b_update, b_place_state, b_place_traj = placement.learner_placement(ctx, jax.local_devices()[:1], gather_batch=True)
+    batch_out, batch_m = b_update(b_place_state(state), b_place_traj(halves[process_id]), b_place_state(key), b_place_state(hp))
     diff = lambda a, b: max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
     print("RESULT " + json.dumps({
         "devices": len(jax.devices()), "param_diff": diff(ref.params, out.params), "moved": diff(ref.params, state.params),
         "obs_stats_diff": diff(ref.obs_stats, out.obs_stats), "digest": distributed.params_digest(out.params),
         "kl": [float(ref_m["approx_kl"]), float(jax.device_get(distributed.local_value(m["approx_kl"])))],
         "consumed": int(jax.device_get(distributed.local_value(m["consumed"]))),
+        "batch_param_diff": diff(ref.params, batch_out.params), "batch_obs_stats_diff": diff(ref.obs_stats, batch_out.obs_stats),
+        "batch_digest": distributed.params_digest(batch_out.params), "batch_consumed": int(batch_m["consumed"]),
     }))
     """
 )
@@ -413,8 +429,9 @@ def _result(proc: subprocess.Popen | subprocess.CompletedProcess, out: str) -> d
 
 
 def test_update_over_two_processes_equals_one_device():
-    """Each of two processes (one device each) runs the multi-process update and compares it with
-    the single-device update of the whole batch computed in itself. (One process over several
+    """Each of two processes (one device each) runs the multi-process update (gradients all-reduced,
+    and the batch gathered) and compares it with the single-device update of the whole batch
+    computed in itself. (One process over several
     devices, `placement.learner_placement`, is checked against one device in test_data_parallel.)"""
     port = launch.free_port()
     procs = [subprocess.Popen([sys.executable, "-c", UPDATE_SCRIPT, str(p), "2", str(port)], cwd=REPO_ROOT,
@@ -427,6 +444,9 @@ def test_update_over_two_processes_equals_one_device():
         assert r["param_diff"] < 1e-5 and r["obs_stats_diff"] < 1e-5
         assert r["kl"][1] == pytest.approx(r["kl"][0], rel=1e-3, abs=1e-7) and r["consumed"] == 8 * 16
     assert results[0]["digest"] == results[1]["digest"]  # bit-identical replicas
+    for r in results:  # learner_sync = "batch": the very update of one device on the whole batch
+        assert r["batch_param_diff"] == 0.0 and r["batch_obs_stats_diff"] < 1e-6 and r["batch_consumed"] == 8 * 16
+    assert results[0]["batch_digest"] == results[1]["batch_digest"]
 
 
 @pytest.fixture(scope="module")
@@ -588,9 +608,11 @@ def test_process_0_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_pa
 def test_process_1_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_path):
     """Process 1 writes one file, its log: with its file-size limit lowered to that log's size
     (a full disk quota, say), its next log line raises OSError (EFBIG; Python ignores SIGXFSZ)
-    in the middle of the run. Process 0 names it and finalises the run directory."""
+    in the middle of the run. Process 0 names it and finalises the run directory. (Gradients
+    all-reduced across processes here: the other fault tests gather the batch, the default.)"""
     run_dir = tmp_path / "run"
-    procs = _start_processes([*FAULT_ARGS, "--run-dir", str(run_dir)], launch.free_port())
+    procs = _start_processes([*FAULT_ARGS, "--distributed.learner-sync", "gradients", "--run-dir", str(run_dir)],
+                             launch.free_port())
     try:
         _wait_for_rows(procs, run_dir / "metrics.jsonl", 3)
         size = (run_dir / "logs" / "process_1.log").stat().st_size

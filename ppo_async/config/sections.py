@@ -59,6 +59,10 @@ FULL_POLICIES: tuple[str, ...] = get_args(FullPolicyName)
 
 # distributed.cluster: names of JAX's cluster detection (jax._src.clusters)
 ClusterName = Literal["none", "slurm"]
+LearnerSync = Literal["auto", "batch", "gradients"]
+BATCH_SYNC_MAX_SAMPLES = 65_536
+"""`distributed.learner_sync = "auto"` gathers the batch up to this many samples per learner
+iteration (over every process), else all-reduces gradients."""
 DISTRIBUTED_CLUSTERS: tuple[str, ...] = get_args(ClusterName)
 
 # Top-level fields that shape no compiled program: the seed enters as an argument, the rest is
@@ -438,6 +442,9 @@ class DistributedConfig:
     cluster: ClusterName = "none"
     """Where num_processes, process_id and coordinator_address come from: none (those fields) or slurm (the SLURM task's environment, read by JAX's own cluster detection: SLURM_NTASKS, SLURM_PROCID, the first node of SLURM_STEP_NODELIST, a port from SLURM_JOB_ID or $JAX_COORDINATOR_PORT); leave the three unset, `ppo_async.runtime.distributed.initialize` fills them in."""
 
+    learner_sync: LearnerSync = "auto"
+    """How the processes' learners stay identical: batch (one all-gather of every process's samples per iteration, then each process runs the whole update on the whole batch: no collective per SGD step; replicated compute), gradients (each process updates on its own samples and the gradients are all-reduced in every SGD step: data-parallel compute, one latency-bound collective per step) or auto (batch up to 65,536 samples per learner iteration over all processes, else gradients). Both give the same update (docs: several processes, for what each costs)."""
+
     def __post_init__(self) -> None:
         check_field_types(self, "distributed.")
         _check_int("distributed.num_processes", self.num_processes, 1)
@@ -453,7 +460,7 @@ class DistributedConfig:
             for name in ("process_id", "coordinator_address"):
                 if getattr(self, name) is not None:
                     _inert(f"distributed.{name}", getattr(self, name), "distributed.num_processes = 1 (one process)")
-            for name in ("heartbeat_timeout_s", "initialization_timeout_s"):
+            for name in ("heartbeat_timeout_s", "initialization_timeout_s", "learner_sync"):
                 if getattr(self, name) != getattr(DistributedConfig, name):
                     _inert(f"distributed.{name}", getattr(self, name), "distributed.num_processes = 1 (one process)")
             return
@@ -623,6 +630,15 @@ class Config:
     def batch_size(self) -> int:
         """Transitions per learner iteration, over every process (`local_batch_size * distributed.num_processes`)."""
         return self.local_batch_size * self.distributed.num_processes
+
+    @property
+    def learner_sync(self) -> str:
+        """`distributed.learner_sync` with auto resolved: "batch" when the learner batch
+        (`batch_size`, every process's) has at most `BATCH_SYNC_MAX_SAMPLES`, else "gradients"."""
+        sync = self.distributed.learner_sync
+        if sync != "auto":
+            return sync
+        return "batch" if self.batch_size <= BATCH_SYNC_MAX_SAMPLES else "gradients"
 
     @property
     def minibatch_size(self) -> int:

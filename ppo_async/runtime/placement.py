@@ -165,6 +165,30 @@ def gathered_stats(local: RolloutStats) -> RolloutStats:
     return merge_rollout_stats([unravel(row) for row in stacked])
 
 
+def gathered_trajectory(local: Trajectory) -> Trajectory:
+    """Every process's share of a learner batch as the whole batch, on the host, equal on every
+    process: transitions `[T, P * N_local]` and `last_obs [P * N_local]` in process order (the
+    global batch `global_trajectory` splits over the mesh), rollout statistics merged
+    (`merge_rollout_stats`). One all-gather of the share's bytes (every leaf, any dtype)."""
+    leaves, treedef = jax.tree.flatten(jax.device_get(local))
+    arrays = [np.asarray(x, order="C") for x in leaves]  # (not ascontiguousarray: it makes 0-d arrays 1-d)
+    stacked = multihost_utils.process_allgather(np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays]))
+
+    def share(row: np.ndarray) -> Trajectory:
+        out, start = [], 0
+        for a in arrays:
+            out.append(row[start:start + a.nbytes].view(a.dtype).reshape(a.shape))
+            start += a.nbytes
+        return jax.tree.unflatten(treedef, out)
+
+    shares = [share(np.asarray(row)) for row in np.asarray(stacked)]
+    return Trajectory(
+        transitions=jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *[s.transitions for s in shares]),
+        last_obs=np.concatenate([s.last_obs for s in shares], axis=0),
+        stats=merge_rollout_stats([s.stats for s in shares]),
+    )
+
+
 class LearnerPlacement(NamedTuple):
     """A learner update and where its inputs go."""
 
@@ -190,7 +214,8 @@ def _sharded_update(ctx: LearnerContext, mesh: Mesh) -> Callable:
     return jax.jit(run)
 
 
-def learner_placement(ctx: LearnerContext, devices: Sequence[Any], multi_process: bool = False) -> LearnerPlacement:
+def learner_placement(ctx: LearnerContext, devices: Sequence[Any], multi_process: bool = False,
+                      gather_batch: bool = False) -> LearnerPlacement:
     """The learner's update and placement on `devices`, the one builder of every learner:
 
     - one device (and a `ctx` without an axis name): `jit(ppo_update)`; states and batches are
@@ -199,9 +224,17 @@ def learner_placement(ctx: LearnerContext, devices: Sequence[Any], multi_process
       `LEARNER_AXIS`); the state replicated, a batch split along its envs N;
     - `multi_process`: the same update over every process's learner `devices`; a host value
       equal on every process becomes a replicated global array, this process's batch its block
-      of the global batch (rollout statistics gathered and merged over processes).
+      of the global batch (rollout statistics gathered and merged over processes): gradients
+      all-reduced across processes in every SGD step (`distributed.learner_sync = "gradients"`);
+    - `gather_batch` (several processes, `learner_sync = "batch"`): this process's own learner
+      `devices` as above, each batch first gathered from every process (`gathered_trajectory`):
+      every process runs the same update on the same batch, so their states stay identical
+      with one collective per iteration and none per SGD step.
     """
     devices = list(devices)
+    if gather_batch:
+        local = learner_placement(ctx, devices)
+        return local._replace(place_trajectory=lambda share: local.place_trajectory(gathered_trajectory(share)))
     if len(devices) == 1 and not multi_process and ctx.axis_name is None:
         device = devices[0]
         put = lambda tree: jax.device_put(tree, device)  # noqa: E731

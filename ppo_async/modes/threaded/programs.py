@@ -51,13 +51,16 @@ def threaded_checkpoint(train_state: TrainState) -> ThreadedCheckpoint:
 
 def make_learner_update(config: Config, placement: Placement, lag_buckets: int) -> LearnerPlacement:
     """The learner update on its devices (`placement.learner_placement`: one device, several,
-    or every process's). The update's metrics also hold the consumed rollout's episode metrics
+    or every process's; with several processes and `learner_sync = "batch"` this process's own,
+    on the batch gathered from every process). The update's metrics also hold the consumed rollout's episode metrics
     (`rollout_metrics`), so the learner thread fetches everything in one transfer and runs no
     eager device ops."""
-    devices = placement.update_devices
-    sharded = len(devices) > 1 or bool(placement.mesh_devices)
+    multi_process = bool(placement.mesh_devices)
+    gather_batch = multi_process and config.learner_sync == "batch"  # else gradients all-reduced across processes
+    devices = placement.learner_devices if gather_batch else placement.update_devices
+    sharded = len(devices) > 1 or (multi_process and not gather_batch)
     _, _, ctx = make_contexts(config, lag_buckets=lag_buckets, axis_name=LEARNER_AXIS if sharded else None)
-    built = learner_placement(ctx, devices, multi_process=bool(placement.mesh_devices))
+    built = learner_placement(ctx, devices, multi_process=multi_process and not gather_batch, gather_batch=gather_batch)
 
     def update(state, trajectory, key, hparams):
         state, metrics = built.update(state, trajectory, key, hparams)
