@@ -255,3 +255,18 @@ def test_added_modes_or_envs_extend_a_benchmark_whose_recorded_configs_are_uncha
     changed["configs"]["Pendulum-v1 barrier"]["ppo"]["clip_eps"] = 0.3
     with pytest.raises(ConfigError, match=r"configs differ from today's .*Pendulum-v1 barrier\.ppo\.clip_eps"):
         bm.check_spec(str(tmp_path), changed)
+
+
+def test_a_config_field_added_since_a_benchmark_was_recorded_counts_only_when_not_at_its_default(tmp_path):
+    """A benchmark recorded before a field existed (its configs lack it) resumes when today's
+    config holds the field's default there (the recorded runs ran with it), not otherwise."""
+    plan = bm.resolve_plan("classic", envs=["Pendulum-v1"], modes=["sync"], seeds=2, total_env_steps=2048)
+    recorded = bm.plan_spec(plan)
+    del recorded["configs"]["Pendulum-v1 sync"]["ppo"]["clip_eps"]
+    del recorded["configs"]["Pendulum-v1 sync"]["distributed"]
+    bm.check_spec(str(tmp_path), recorded)
+    bm.check_spec(str(tmp_path), bm.plan_spec(plan))  # today's: clip_eps and distributed.* at their defaults
+    changed = bm.plan_spec(plan)
+    changed["configs"]["Pendulum-v1 sync"]["ppo"]["clip_eps"] = 0.3
+    with pytest.raises(ConfigError, match=r"configs differ from today's .*Pendulum-v1 sync\.ppo\.clip_eps"):
+        bm.check_spec(str(tmp_path), changed)

@@ -386,6 +386,16 @@ class Exchange:
         if outcome is not None and outcome != "ok":
             raise DistributedFailure(f"process 0 could not prepare the run directory: {outcome}")
 
+    # -- the start
+    def start_together(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Returns once every process is ready to start its threads (a barrier through the store:
+        a process that sets up faster does not count the others' set-up as run time, and the
+        first collective does not wait for it); raises naming a peer that failed or died."""
+        self.client.key_value_set(f"{self.prefix}ready/{self.process_id}", "1")
+        for p in range(self.num_processes):
+            if p != self.process_id:
+                self._get(f"{self.prefix}ready/{p}", self.config.distributed.initialization_timeout_s, should_stop)
+
     # -- per-iteration summaries: off every process's critical path
     # Processes > 0 hand a summary to a background sender (`send_summary` returns at once); it
     # writes every summary waiting at that moment as one key, `summary/<process>/<first

@@ -242,10 +242,18 @@ def plan_spec(plan: Plan) -> dict[str, Any]:
     return json.loads(json.dumps({**plan._asdict(), "configs": configs}))
 
 
-def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted paths where nested dicts `a` and `b` differ."""
+_MISSING = object()
+
+
+def _diff_paths(a: Any, b: Any, prefix: str = "", defaults: Any = _MISSING) -> list[str]:
+    """Dotted paths where nested dicts `a` (recorded) and `b` (today's) differ. A key `a` lacks
+    (a config field added to the code since) does not differ when `b` holds its default there
+    (`defaults`: the same nesting): the recorded runs ran with that default."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [p for k in sorted(set(a) | set(b)) for p in _diff_paths(a.get(k), b.get(k), f"{prefix}{k}.")]
+        sub = lambda k: defaults.get(k, _MISSING) if isinstance(defaults, dict) else _MISSING  # noqa: E731
+        return [p for k in sorted(set(a) | set(b))
+                if not (k not in a and sub(k) is not _MISSING and b.get(k) == sub(k))
+                for p in _diff_paths(a.get(k), b.get(k), f"{prefix}{k}.", sub(k))]
     return [] if a == b else [prefix.rstrip(".")]
 
 
@@ -278,7 +286,9 @@ def check_spec(out: str, spec: Mapping[str, Any]) -> None:
         raise ConfigError(f"out = {out!r} holds a benchmark with other arguments: {said}; use another out, the same "
                           "arguments, or more seeds / envs / modes")
     recorded = first.get("configs", {})
-    fields = _diff_paths(recorded, {k: v for k, v in spec.get("configs", {}).items() if k in recorded})
+    default = config_to_dict(Config())
+    fields = _diff_paths(recorded, {k: v for k, v in spec.get("configs", {}).items() if k in recorded},
+                         defaults={k: default for k in recorded})
     if fields:
         raise ConfigError(f"out = {out!r} holds a benchmark whose configs differ from today's (presets changed?): "
                           f"{', '.join(fields[:5])}; use another out")

@@ -255,6 +255,8 @@ def _run_threaded(config: Config, recorder: RunRecorder, exchange: "distributed.
         m = setup.memory
         recorder.announce(f"ring buffer {m['buffer_bytes'] / 2**20:.1f} MB on {m['buffer_device']}, parameter snapshot "
                           f"{m['snapshot_bytes_per_sampler'] / 2**10:.1f} KB per sampler")
+        if exchange is not None:  # the run's clock starts when every process is ready
+            exchange.start_together(should_stop=lambda: bool(shared.errors))
         threads = start_threads(setup, shared, outputs)
         try:
             interrupted = watch(shared, threads[-1], outputs, log)
