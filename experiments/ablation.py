@@ -81,11 +81,13 @@ class Args:
 
 
 def final_rows(out: str) -> pd.DataFrame:
-    """The final rows of every variant's results.csv under `out`, with a `variant` column."""
+    """The final rows of every finished variant's results.csv under `out`, with a `variant`
+    column (finished: its benchmark call completed and wrote OUT/<variant>/manifest.json; a
+    variant still running is left out, so the table only quotes published result files)."""
     frames = []
     for name in VARIANTS:
         path = os.path.join(out, name, "results.csv")
-        if os.path.isfile(path):
+        if os.path.isfile(path) and os.path.isfile(os.path.join(out, name, "manifest.json")):
             df = pd.read_csv(path)
             frames.append(df[df["final"] == 1].assign(variant=name))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -125,7 +127,9 @@ def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
     fmt["vs_cleanrl"] = fmt["vs_cleanrl"].map(lambda v: "-" if np.isnan(v) else f"{v:.2f}x")
     lines.append(fmt.to_string(index=False))
     lines += ["", f"variants: {', '.join(f'{k} = {v}' for k, v in VARIANTS.items() if k in set(table['variant']))}",
-              f"(python experiments/ablation.py {' '.join(sys.argv[1:])})"]
+              "command: python experiments/ablation.py --out experiments/results/ablation (every variant; it resumes, "
+              "skipping finished runs)", f"(this summary written by: python experiments/ablation.py {' '.join(sys.argv[1:])})",
+              f"finished variants: {len(set(table['variant']))} of {len(VARIANTS)}"]
     return lines
 
 

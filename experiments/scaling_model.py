@@ -49,8 +49,8 @@ from ppo_async.study.manifest import Manifest, default_out
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-BENCH = os.path.join(HERE, "results", "bench_distributed", "cpu.json")
-SYNC_BENCH = os.path.join(HERE, "results", "bench_sync", "cpu.json")
+BENCH = os.path.join(REPO, "experiments", "results", "bench_distributed", "cpu.json")  # inputs, read only
+SYNC_BENCH = os.path.join(REPO, "experiments", "results", "bench_sync", "cpu.json")
 
 
 class Link(NamedTuple):

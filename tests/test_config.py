@@ -121,6 +121,7 @@ CHOICE_FIELDS = [
     (pa.LagConfig, "schedule", "LAG_SCHEDULES"),
     (pa.ThreadedConfig, "full_policy", "FULL_POLICIES"),
     (pa.config.DistributedConfig, "cluster", "DISTRIBUTED_CLUSTERS"),
+    (pa.config.DistributedConfig, "learner_sync", "LEARNER_SYNCS"),
 ]
 
 

@@ -221,9 +221,18 @@ def test_a_scripts_default_out_is_untracked(name):
     assert done.returncode == 0, f"{target} is not git-ignored"
 
 
-def test_every_published_result_directory_has_a_manifest():
+def published_result_files() -> list[str]:
+    """The files under experiments/results that the repository holds (`git ls-files`: not the
+    git-ignored run directories of a benchmark in progress); every file there outside git."""
     results = os.path.join(REPO, "experiments", "results")
-    data_dirs = {os.path.dirname(p) for p in glob.glob(os.path.join(results, "**", "*.*"), recursive=True)
+    listed = subprocess.run(["git", "ls-files", "-z", "--", "experiments/results"], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode != 0:  # not a git checkout (an unpacked sdist): what is there
+        return glob.glob(os.path.join(results, "**", "*.*"), recursive=True)
+    return [os.path.join(REPO, p) for p in listed.stdout.split("\0") if p]
+
+
+def test_every_published_result_directory_has_a_manifest():
+    data_dirs = {os.path.dirname(p) for p in published_result_files()
                  if not p.endswith(".png") and os.path.basename(os.path.dirname(p)) not in ("tune", "schedules")}
     missing = [d for d in sorted(data_dirs) if not os.path.isfile(os.path.join(d, MANIFEST_FILE))]
     assert not missing, missing

@@ -60,6 +60,7 @@ FULL_POLICIES: tuple[str, ...] = get_args(FullPolicyName)
 # distributed.cluster: names of JAX's cluster detection (jax._src.clusters)
 ClusterName = Literal["none", "slurm"]
 LearnerSync = Literal["auto", "batch", "gradients"]
+LEARNER_SYNCS: tuple[str, ...] = get_args(LearnerSync)
 BATCH_SYNC_MAX_SAMPLES = 65_536
 """`distributed.learner_sync = "auto"` gathers the batch up to this many samples per learner
 iteration (over every process), else all-reduces gradients."""
