@@ -317,3 +317,22 @@ def test_checkpoint_round_trips_zero_size_leaves(tmp_path):
     assert restored["act"].shape == (4, 0) and restored["act"].dtype == jnp.float32
     np.testing.assert_array_equal(restored["qpos"], state["qpos"])
     assert int(restored["n"]) == 3 and meta["iteration"] == 1
+
+
+def test_brax_names_read_from_its_source_are_the_names_it_registers():
+    """known_env_names('brax') reads brax's `_envs` dict literal without importing brax (seconds
+    of MJX imports for an error message); the names equal the imported registry's."""
+    import subprocess
+    import sys
+
+    from brax import envs as brax_envs
+
+    from ppo_async.envs import registry
+
+    names = registry._brax_registry_from_source()
+    assert names is not None and sorted(names) == sorted(brax_envs._envs) and "ant" in names
+    assert registry.known_env_names("brax") == tuple(sorted(brax_envs._envs))
+    check = ("import sys; from ppo_async.envs import registry; names = registry.known_env_names('brax'); "
+             "assert 'ant' in names and 'brax' not in sys.modules, sorted(m for m in sys.modules if 'brax' in m)")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

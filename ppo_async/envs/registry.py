@@ -9,6 +9,8 @@ names are asked for.
 
 from __future__ import annotations
 
+import os
+
 from ppo_async.errors import ConfigError
 
 
@@ -42,6 +44,27 @@ def require_env_family(family: str, field_name: str = "env") -> None:
             f"pip install -e \".[{extra}]\" (or \".[dev]\", which installs every env family)"
         )
 
+def _brax_registry_from_source() -> tuple[str, ...] | None:
+    """The keys of the `_envs = {...}` dict literal in the installed `brax/envs/__init__.py`,
+    read without importing brax; None when brax or that literal is not found."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("brax")  # a top-level package: found, not imported
+        path = os.path.join(os.path.dirname(spec.origin), "envs", "__init__.py")
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (AttributeError, TypeError, OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["_envs"]
+                and isinstance(node.value, ast.Dict)):
+            keys = [k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            return tuple(keys) if len(keys) == len(node.value.keys) and keys else None
+    return None
+
+
 def known_env_names(family: str = "gymnax") -> tuple[str, ...]:
     """Names a family registers, read from the family's own registry (imported lazily;
     optional families must be installed)."""
@@ -51,11 +74,16 @@ def known_env_names(family: str = "gymnax") -> tuple[str, ...]:
         return tuple(gymnax.registered_envs)  # public: listed in gymnax.__all__
     require_env_family(family)
     if family == "brax":
-        from brax import envs as brax_envs
-
         # brax 0.14.2's `brax/envs/__init__.py` has no public accessor for the registered names
-        # (only get_environment / register_environment / create), so read its registry dict.
-        return tuple(sorted(brax_envs._envs))
+        # (only get_environment / register_environment / create), so read its registry dict:
+        # from the module's source where it is a literal (importing brax takes seconds: MJX),
+        # else from the imported module.
+        names = _brax_registry_from_source()
+        if names is None:
+            from brax import envs as brax_envs
+
+            names = tuple(brax_envs._envs)
+        return tuple(sorted(names))
     if family == "playground":
         from mujoco_playground import dm_control_suite
 
