@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import shlex
 import subprocess
 import sys
@@ -255,3 +256,25 @@ def test_write_summary_writes_the_lines_it_prints(tmp_path, capsys):
     path = manifest.write_summary(str(tmp_path / "out"), ["a  1", "", "b  2"])
     assert path == str(tmp_path / "out" / "summary.txt")
     assert open(path, encoding="utf-8").read() == "a  1\n\nb  2\n" == capsys.readouterr().out
+
+
+@needs_checkout
+def test_a_manifest_lists_no_file_git_ignores(tmp_path):
+    """A benchmark's run directories (`runs/`, git-ignored) sit beside its results: the manifest
+    of OUT lists what a checkout can hold and counts the rest."""
+    out = os.path.join(REPO, "runs", "test_manifest_ignored")  # under the repository's ignored runs/
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        with manifest.Manifest(out, argv=["x.py"]):
+            os.makedirs(os.path.join(out, "runs", "seed0"))
+            for name in ("results.csv", os.path.join("runs", "seed0", "metrics.jsonl")):
+                with open(os.path.join(out, name), "w") as f:
+                    f.write("1\n")
+        data = read_manifest(out)
+        # everything under the repository's runs/ is ignored, OUT included: nothing listed, both counted
+        assert data["files_written"] == [] and data["files_ignored_by_git"] == 2
+        assert manifest.git_ignored(os.path.join(REPO, "experiments", "results"), ["ablation/old/runs/x/y.json",
+                                                                                   "ablation/summary.txt"]) == {
+            "ablation/old/runs/x/y.json"}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

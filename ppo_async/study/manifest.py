@@ -70,6 +70,19 @@ def _git(args: Sequence[str], cwd: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+def git_ignored(out: str, paths: Sequence[str]) -> set[str]:
+    """Of `paths` (relative to `out`), those git ignores there (`git check-ignore`): files a
+    manifest does not list, since a checkout never holds them. Empty outside a git work tree."""
+    if not paths:
+        return set()
+    try:
+        done = subprocess.run(["git", "check-ignore", "--stdin", "-z"], cwd=out, input="\0".join(paths) + "\0",
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {p for p in done.stdout.split("\0") if p} if done.returncode in (0, 1) else set()
+
+
 def git_state(path: str = PACKAGE_ROOT) -> dict[str, Any]:
     """{commit, dirty, changes} of the git checkout holding `path` (all None outside one).
 
@@ -218,10 +231,12 @@ class Manifest:
             raise RuntimeError("Manifest.finish() called before start()")
         end = self._load.stop()
         written, kept = written_and_kept(self._before, file_stamps(self.out))
+        ignored = git_ignored(self.out, written + kept)  # run data beside the results (a benchmark's runs/)
+        written, kept = [f for f in written if f not in ignored], [f for f in kept if f not in ignored]
         data = dict(self.data)
         data["machine"] = {**data["machine"], "loadavg_end": end["loadavg_after"], "other_cpu_cores": end["other_cpu_cores"]}
         data.update(finished_at=utc_now(), wall_s=round(end["wall_s"], 6), completed=error is None,
-                    files_written=written, files_kept=kept)
+                    files_written=written, files_kept=kept, files_ignored_by_git=len(ignored))
         if error is not None:
             data["error"] = f"{type(error).__name__}: {error}"
         data.update(self.extra)
