@@ -64,9 +64,9 @@ def iteration_metrics(
     `[lag_buckets]` (`minibatch_diagnostics`) and the batch; `consumed` is the count of kept samples.
 
     Scalars are means over minibatches (over those with `step_ran` `[E, M]`, when given:
-    `slotted_epochs`); `approx_kl_max` / `ratio_max` maxima; per-lag KL and clip fractions are
-    pooled sums over buckets (NaN where no sample had that lag); `approx_kl_max` the largest KL
-    of a whole minibatch (every device's share of it); `ess_fraction` and
+    `slotted_epochs`); `ratio_max` the largest ratio, `approx_kl_max` the largest KL of a whole
+    minibatch (every device's share of it); per-lag KL and clip fractions are pooled sums over
+    buckets (NaN where no sample had that lag); `ess_fraction` and
     `ess_fraction_per_lag` the effective sample size of the batch's importance weights
     pi_learner / mu (the learner at the start of the iteration over the behaviour policy) as a
     fraction of the kept samples (`losses.ess_fraction`; staleness spreads the weights, and a
@@ -89,15 +89,16 @@ def iteration_metrics(
     means["lag_mean"] = lag_stats.pop("lag_mean")
     log_weight = batch.prox_log_prob - batch.behavior_log_prob
     bucket = jnp.minimum(batch.lag, ctx.lag_buckets - 1)
-    maxima = {"ratio_max": largest(per_minibatch["ratio_max"]),
-              "lag_max": lag_stats.pop("lag_max"), **_ranges(batch.target, batch.target - batch.old_value), "ess_top": losses.ess_segment_max(log_weight, batch.weight),
+    values = {"target": batch.target, "residual": batch.target - batch.old_value}  # explained variance's
+    maxima = {"ratio_max": largest(per_minibatch["ratio_max"]), "lag_max": lag_stats.pop("lag_max"),
+              **{f"{name}_range": jnp.stack([jnp.max(x), -jnp.min(x)]) for name, x in values.items()},
+              "ess_top": losses.ess_segment_max(log_weight, batch.weight),
               "ess_top_per_lag": losses.ess_segment_max(log_weight, batch.weight, bucket, ctx.lag_buckets)}
     if ctx.axis_name is not None:
         maxima = collectives.folded_pmax(maxima, ctx.axis_name)
-    sums.update(target_sums=variance_sums(batch.target, 0.5 * (maxima["target_max"] - maxima.pop("target_neg_min"))),
-                residual_sums=variance_sums(batch.target - batch.old_value,
-                                            0.5 * (maxima["residual_max"] - maxima.pop("residual_neg_min"))))
-    maxima.pop("target_max"), maxima.pop("residual_max")
+    for name, x in values.items():  # shifted by the global midrange: (max - (-min)) / 2
+        top, neg_bottom = maxima.pop(f"{name}_range")
+        sums[f"{name}_sums"] = variance_sums(x, 0.5 * (top - neg_bottom))
     sums.update(lag_stats, consumed=jnp.sum(batch.weight).astype(jnp.int32), devices=jnp.ones((), jnp.int32),
                 ess=losses.ess_segment_sums(log_weight, batch.weight, None, 1, maxima.pop("ess_top")),
                 ess_per_lag=losses.ess_segment_sums(log_weight, batch.weight, bucket, ctx.lag_buckets,
@@ -115,13 +116,6 @@ def iteration_metrics(
     metrics["ess_fraction"] = losses.ess_from_sums(sums["ess"])[0]
     metrics["ess_fraction_per_lag"] = losses.ess_from_sums(sums["ess_per_lag"])
     return metrics
-
-def _ranges(targets: chex.Array, residuals: chex.Array) -> dict[str, chex.Array]:
-    """Maxima and negated minima of the value targets and residuals (their global midranges
-    shift `variance_sums`)."""
-    return {"target_max": jnp.max(targets), "target_neg_min": -jnp.min(targets),
-            "residual_max": jnp.max(residuals), "residual_neg_min": -jnp.min(residuals)}
-
 
 def lag_metrics(lag: chex.Array, weight: chex.Array, num_buckets: int) -> dict[str, chex.Array]:
     """Lag statistics of one consumed batch.
