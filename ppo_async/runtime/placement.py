@@ -16,7 +16,6 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ppo_async.config import Config, ConfigError
@@ -158,30 +157,34 @@ def global_trajectory(local: Trajectory, mesh: Mesh, specs: Trajectory, stats: R
 
 
 def gathered_stats(local: RolloutStats) -> RolloutStats:
-    """The rollout statistics of the global batch: every process's (one all-gather of the
-    flattened statistics), merged by `rollout.merge_rollout_stats`; equal on every process."""
-    flat, unravel = ravel_pytree(jax.device_get(local))
-    stacked = multihost_utils.process_allgather(np.asarray(flat))
-    return merge_rollout_stats([unravel(row) for row in stacked])
+    """The rollout statistics of the global batch: every process's (`process_shares`: one
+    all-gather), merged by `rollout.merge_rollout_stats`; equal on every process."""
+    return merge_rollout_stats(process_shares(local))
 
 
-def gathered_trajectory(local: Trajectory) -> Trajectory:
-    """Every process's share of a learner batch as the whole batch, on the host, equal on every
-    process: transitions `[T, P * N_local]` and `last_obs [P * N_local]` in process order (the
-    global batch `global_trajectory` splits over the mesh), rollout statistics merged
-    (`merge_rollout_stats`). One all-gather of the share's bytes (every leaf, any dtype)."""
+def process_shares(local: Any) -> list[Any]:
+    """Every process's value of a pytree with the same structure, shapes and dtypes everywhere,
+    in process order, on the host: one all-gather of the leaves' bytes (any dtype)."""
     leaves, treedef = jax.tree.flatten(jax.device_get(local))
     arrays = [np.asarray(x, order="C") for x in leaves]  # (not ascontiguousarray: it makes 0-d arrays 1-d)
     stacked = multihost_utils.process_allgather(np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays]))
 
-    def share(row: np.ndarray) -> Trajectory:
+    def share(row: np.ndarray) -> Any:
         out, start = [], 0
         for a in arrays:
             out.append(row[start:start + a.nbytes].view(a.dtype).reshape(a.shape))
             start += a.nbytes
         return jax.tree.unflatten(treedef, out)
 
-    shares = [share(np.asarray(row)) for row in np.asarray(stacked)]
+    return [share(np.asarray(row)) for row in np.asarray(stacked)]
+
+
+def gathered_trajectory(local: Trajectory) -> Trajectory:
+    """Every process's share of a learner batch as the whole batch, on the host, equal on every
+    process: transitions `[T, P * N_local]` and `last_obs [P * N_local]` in process order (the
+    global batch `global_trajectory` splits over the mesh), rollout statistics merged
+    (`merge_rollout_stats`). One all-gather (`process_shares`)."""
+    shares = process_shares(local)
     return Trajectory(
         transitions=jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *[s.transitions for s in shares]),
         last_obs=np.concatenate([s.last_obs for s in shares], axis=0),
