@@ -5,10 +5,11 @@
     python experiments/ablation.py --summarise-only --out DIR        # the table again from DIR/*/results.csv
     python experiments/ablation.py --out experiments/results/ablation   # publish
 
-Every variant is a `pa.benchmark` run (suite mujoco, mode barrier: one sampler, so lag plays no
-part; the deterministic policy evaluated every 100k env steps over 10 episodes) of the env's
-preset with the variant's fields set over it, into OUT/<variant>/ (results.csv, report.md,
-manifest.json; resumable: finished runs are not run again). Two families of variants:
+Every variant is a `pa.benchmark` run (suite mujoco; the deterministic policy evaluated every
+100k env steps over 10 episodes) of the env's preset with the variant's fields set over it, into
+OUT/<variant>/ (results.csv, report.md, manifest.json; resumable: finished runs are not run
+again). Three families of variants, the first two in barrier mode (one sampler, so lag plays no
+part), the third in async mode:
 
 - `old` is the gymnasium preset before issue 26 (4 epochs x 8 minibatches of a 16 x 64 batch,
   rewards scaled by 0.1, no value clipping); `old+<factor>` adds one factor of today's preset
@@ -17,6 +18,10 @@ manifest.json; resumable: finished runs are not run again). Two families of vari
   setting); `preset-<factor>` / `preset+<factor>` removes one of its factors or adds one it
   does not have (bounded mean, wider networks, another log-std init, no annealing, other
   gamma / lambda).
+- `async` is the benchmark's async mode as it is (4 samplers sharing the preset's 16 envs, 4
+  chunks per batch, decoupled PPO: lag ~1); `async+<factor>` changes one thing of it: PPO's
+  objective instead of decoupled PPO (the clip around the behaviour policy), or a barrier
+  (`threaded.barrier`: the same samplers and chunks at lag 0), to tell lag from the rest.
 
 The summary (OUT/summary.txt, OUT/table.csv) gives per variant and env the mean final training
 return (stochastic policy, episode-weighted over the last 10% of iterations, as CleanRL reports)
@@ -60,8 +65,20 @@ VARIANTS: dict[str, dict] = {
     "preset+width_256": {"network.actor_hidden": [256, 256], "network.critic_hidden": [256, 256]},
     "preset+gamma_0.995": {"ppo.gamma": 0.995},
     "preset+lambda_0.9": {"ppo.gae_lambda": 0.9},
+    "async": {},
+    "async+ppo_objective": {"ppo.objective": "ppo"},
+    "async+lag_0": {"threaded.barrier": True},
 }
-"""Variant name -> dotted config fields set over the env's preset (mode barrier)."""
+"""Variant name -> dotted config fields set over the env's preset and its mode (`mode_of`)."""
+
+ASYNC_PREFIX = "async"
+"""Variants named `async...` run in the benchmark's async mode (4 samplers sharing the preset's
+envs, decoupled PPO); the others in barrier mode."""
+
+
+def mode_of(variant: str) -> str:
+    """The benchmark mode of `variant`: "async" for the `async...` family, else "barrier"."""
+    return "async" if variant.split("+")[0].split("-")[0] == ASYNC_PREFIX else "barrier"
 
 
 @dataclasses.dataclass
@@ -116,7 +133,8 @@ def cleanrl_references() -> dict[str, float]:
 
 
 def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
-    lines = ["ablation (issue 26 item 2): barrier mode, final rows of each run; train = mean training return over the",
+    lines = ["ablation (issue 26 item 2): final rows of each run (mode: barrier, or async for async*); train = mean "
+             "training return over the",
              "last 10% of iterations (stochastic policy), eval = deterministic policy over 10 episodes; vs_cleanrl =",
              "train_mean / CleanRL's published mean at 1M steps (MuJoCo v4 there, v5 here)", ""]
     if table.empty:
@@ -148,9 +166,10 @@ def main(args: Args) -> None:
     with Manifest(out):
         if not args.summarise_only:
             for name in args.variants:
-                print(f"== ablation variant {name}: {VARIANTS[name] or 'the preset as it is'}", flush=True)
+                print(f"== ablation variant {name} ({mode_of(name)}): {VARIANTS[name] or 'the preset as it is'}",
+                      flush=True)
                 pa.benchmark("mujoco", seeds=args.seeds, out=os.path.join(out, name), envs=args.envs,
-                             total_env_steps=args.total_env_steps, modes=["barrier"], changes=VARIANTS[name])
+                             total_env_steps=args.total_env_steps, modes=[mode_of(name)], changes=VARIANTS[name])
                 summarise(out, args)
         summarise(out, args)
 
