@@ -203,6 +203,10 @@ def test_env_action_clips_continuous_actions(pendulum, cartpole):
     np.testing.assert_array_equal(np.asarray(envs.env_action(pendulum, action, False)), np.asarray(action))
     discrete = jnp.array([0, 1, 1])
     np.testing.assert_array_equal(np.asarray(envs.env_action(cartpole, discrete, True)), [0, 1, 1])
+    host = np.asarray(action)  # a host sampler's action after device_get: clipped by NumPy, the same values
+    clipped = envs.env_action(pendulum, host, True)
+    assert type(clipped) is np.ndarray and clipped.dtype == np.float32
+    np.testing.assert_array_equal(clipped, [[2.0], [-2.0], [0.5], [2.0]])
 
 
 def test_step_with_out_of_bounds_action_equals_bound(pendulum):

@@ -111,8 +111,7 @@ class HostRollout:
         for t in range(num_steps):
             raw_obs = env.obs
             action, log_prob, dist = jax.device_get(self._act(snapshot, raw_obs, keys[t]))
-            env_action = np.asarray(envs.env_action(ctx.env, action, ctx.config.clip_actions)) \
-                if not ctx.env.discrete else action
+            env_action = envs.env_action(ctx.env, action, ctx.config.clip_actions)  # NumPy in, NumPy out
             steps.append((raw_obs, action, log_prob, dist, *env.step(env_action)))
         stacked = [np.stack(column) if not isinstance(column[0], tuple) else jax.tree.map(lambda *x: np.stack(x), *column)
                    for column in zip(*steps)]
@@ -173,8 +172,7 @@ def host_episodes_program(policy: Any, num_episodes: int, deterministic: bool, m
             for _ in range(limit):
                 key, act_key = jax.random.split(key)
                 action = np.asarray(policy._act(params, obs_stats, env.obs, None if deterministic else act_key))
-                env_action = action if policy.env.discrete else np.asarray(
-                    envs.env_action(policy.env, action, policy.config.rollout.clip_actions))
+                env_action = envs.env_action(policy.env, action, policy.config.rollout.clip_actions)
                 reward, terminated, truncated, *_ = env.step(env_action)
                 returns += np.where(alive, reward, 0.0)
                 lengths += alive

@@ -191,10 +191,15 @@ class EnvStep(NamedTuple):
     finished_length: chex.Array  # [N] int32 its length, else 0
 
 def env_action(env: Env, action: chex.Array, clip_actions: bool) -> chex.Array:
-    """The action handed to gymnax: clipped to the bounds for continuous control if asked."""
+    """The action handed to the env: clipped to the bounds for continuous control if asked.
+
+    A NumPy action (a host-side sampler's, after `device_get`) is clipped with NumPy: the same
+    values without a JAX dispatch per env step; a JAX array or tracer with `jnp`.
+    """
     if env.discrete or not clip_actions:
         return action
-    return jnp.clip(action, env.action_low, env.action_high)
+    xp = np if isinstance(action, np.ndarray) else jnp
+    return xp.clip(action, env.action_low, env.action_high)
 
 def step_envs(
     env: Env, state: EnvState, action: chex.Array, key: chex.PRNGKey, clip_actions: bool = True
