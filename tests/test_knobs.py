@@ -248,7 +248,9 @@ def test_run_health_windows_drops_and_counts_the_kl_streak():
     assert out[3]["warning"].startswith("67% of the samples of the last 2 iterations")
     health.kl_streak = 4
     row = {**health.update({"samples_consumed": 256, "samples_dropped": 192, "approx_kl": 0.08}), "iteration": 6}
-    assert "approx_kl above 0.03 for 5 iterations (now 0.080)" in row["warning"]
+    assert row["warning"].startswith("approx_kl above 0.03 for 5 iterations (now 0.080): the lag is hurting")
+    no_lag = RunHealth(kl_streak=4).update({"approx_kl": 0.05, "lag_mean": 0.0})["warning"]
+    assert no_lag.startswith("approx_kl above 0.03 for 5 iterations (now 0.050) with no lag: ") and "lag is" not in no_lag
     assert short_warning(row) == "kl>0.03 x5"
     first = first_warnings([{**out[3], "iteration": 4, "seed": 0}, row])
     assert list(first) == ["dropped", "kl"] and first["dropped"].startswith("iteration 4 (seed 0): 67%")

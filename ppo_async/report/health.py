@@ -1,5 +1,5 @@
 """Warnings a run raises about itself while it runs: samples wasted as stale, and KL that says
-the lag is hurting (pure; the recorder calls it once per row).
+the lag (or, without lag, the update) is hurting (pure; the recorder calls it once per row).
 
 Two conditions, each checked on every metrics row of one run (one label):
 
@@ -56,12 +56,21 @@ class RunHealth:
                 "stale (lag.max_lag): fewer samplers, a shorter buffer or a larger lag.max_lag waste less"
             )
         if self.kl_streak >= KL_WARN_ITERATIONS:
-            warnings.append(
-                f"approx_kl above {KL_WARN} for {self.kl_streak} iterations (now {kl:.3f}): the lag is hurting; "
-                "fewer samplers, a shorter buffer, a smaller learning rate or lag.max_lag bring it down"
-            )
+            warnings.append(kl_warning(self.kl_streak, kl, row.get("lag_mean")))
         return {"dropped_fraction_window": float(fraction), "kl_high_streak": self.kl_streak,
                 "warning": "; ".join(warnings)}
+
+
+def kl_warning(streak: int, kl: float, lag_mean: Any) -> str:
+    """The "kl" warning: KL above `KL_WARN` for `streak` iterations. With lagged samples it is the
+    lag that hurts; where the row's `lag_mean` is 0 (sync, barrier, K = 0) there is no lag to
+    blame and the update itself moves the policy too far, so the advice differs."""
+    head = f"approx_kl above {KL_WARN} for {streak} iterations (now {kl:.3f})"
+    if isinstance(lag_mean, (int, float)) and lag_mean == 0:
+        return (f"{head} with no lag: each update moves the policy too far; a smaller ppo.learning_rate or "
+                "fewer ppo.num_epochs bring it down")
+    return (f"{head}: the lag is hurting; fewer samplers, a shorter buffer, a smaller learning rate or "
+            "lag.max_lag bring it down")
 
 
 def short_warning(row: Mapping[str, Any]) -> str | None:
