@@ -16,8 +16,8 @@ part), the third in async mode:
   to it: one factor at a time from the preset the issue measured.
 - `preset` is today's preset (`ppo_async.config.presets`, the reference implementations'
   setting); `preset-<factor>` / `preset+<factor>` removes one of its factors or adds one it
-  does not have (bounded mean, wider networks, another log-std init, no annealing, other
-  gamma / lambda).
+  does not have (bounded mean, wider networks, Flax's default LeCun init instead of orthogonal,
+  another log-std init, no annealing, other gamma / lambda).
 - `async` is the benchmark's async mode as it is (4 samplers sharing the preset's 16 envs, 4
   chunks per batch, decoupled PPO: lag ~1); `async+<factor>` changes one thing of it: PPO's
   objective instead of decoupled PPO (the clip around the behaviour policy), or a barrier
@@ -63,6 +63,7 @@ VARIANTS: dict[str, dict] = {
     "preset+bounded_mean": {"network.bounded_mean": True},
     "preset+log_std_-0.5": {"network.init_log_std": -0.5},
     "preset+width_256": {"network.actor_hidden": [256, 256], "network.critic_hidden": [256, 256]},
+    "preset+init_lecun": {"network.init": "lecun"},
     "preset+gamma_0.995": {"ppo.gamma": 0.995},
     "preset+lambda_0.9": {"ppo.gae_lambda": 0.9},
     "async": {},

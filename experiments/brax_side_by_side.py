@@ -44,6 +44,8 @@ UNMATCHED = {
     "ppo.adam_eps": "Brax uses optax.adam's default eps (1e-8)",
     "rollout.obs_clip": "Brax's running normalisation clips nothing",
     "rollout.clip_actions": "Brax's envs clip actions themselves where the model requires it",
+    "network.init": "Brax's MLPs start from LeCun-uniform kernels (its make_ppo_networks default); ours from "
+                    "orthogonal ones with the PPO gains (network.init = orthogonal)",
 }
 
 

@@ -106,6 +106,11 @@ def test_section_validation_names_field_and_value(cls, field, value, dotted):
     assert str(err).startswith(f"{dotted} = ")
 
 
+def test_weight_init_error_lists_the_allowed_ones():
+    err = assert_config_error(lambda: NetworkConfig(init="xavier"), "network.init", "xavier")
+    assert "orthogonal" in str(err) and "lecun" in str(err)
+
+
 def test_activation_error_lists_the_allowed_ones():
     err = assert_config_error(lambda: NetworkConfig(activation="sigmoid"), "network.activation", "sigmoid")
     for name in ("tanh", "relu", "gelu", "silu"):
@@ -118,6 +123,7 @@ CHOICE_FIELDS = [
     (PPOConfig, "advantage_estimator", "ADVANTAGE_ESTIMATORS"),
     (PPOConfig, "objective", "OBJECTIVES"),
     (NetworkConfig, "activation", "ACTIVATIONS"),
+    (NetworkConfig, "init", "WEIGHT_INITS"),
     (pa.LagConfig, "schedule", "LAG_SCHEDULES"),
     (pa.ThreadedConfig, "full_policy", "FULL_POLICIES"),
     (pa.config.DistributedConfig, "cluster", "DISTRIBUTED_CLUSTERS"),

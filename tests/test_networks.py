@@ -62,6 +62,30 @@ def test_gaussian_state_dependent_std(pendulum):
     assert np.ptp(log_std) > 0
 
 
+def test_weight_init_orthogonal_gains_and_lecun_default(pendulum):
+    """network.init: orthogonal kernels with the PPO gains (sqrt 2 hidden, 0.01 policy head, 1 value
+    head: K^T K = gain^2 I for a tall kernel) or Flax's LeCun-normal (variance 1 / fan_in); zero
+    biases in both; the same parameter tree either way (checkpoints do not care)."""
+    wide = dict(actor_hidden=(256, 128), critic_hidden=(256, 128))
+    ortho = networks.make_actor_critic(pendulum, NetworkConfig(**wide)).init(jax.random.PRNGKey(0))["params"]
+    lecun = networks.make_actor_critic(pendulum, NetworkConfig(**wide, init="lecun")).init(jax.random.PRNGKey(0))["params"]
+    assert jax.tree.structure(ortho) == jax.tree.structure(lecun)
+    hidden = np.asarray(ortho["actor_torso"]["Dense_1"]["kernel"])  # [256, 128]: orthonormal columns x sqrt 2
+    np.testing.assert_allclose(hidden.T @ hidden, 2.0 * np.eye(128), atol=1e-4)
+    head = np.asarray(ortho["actor_head"]["kernel"])  # [128, 1]
+    np.testing.assert_allclose(np.linalg.norm(head), 0.01, rtol=1e-4)
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(ortho["critic_head"]["kernel"])), 1.0, rtol=1e-4)
+    for name in ("actor_head", "critic_head"):  # LeCun-normal: each entry ~ N(0, 1 / fan_in), fan_in = 128
+        kernel = np.asarray(lecun[name]["kernel"])
+        assert 0.3 / math.sqrt(128) < np.linalg.norm(kernel) / math.sqrt(kernel.size) < 3 / math.sqrt(128)
+    big = np.asarray(lecun["actor_torso"]["Dense_1"]["kernel"])
+    np.testing.assert_allclose(big.std(), 1 / math.sqrt(256), rtol=0.05)
+    assert not np.allclose(big.T @ big, 2.0 * np.eye(128), atol=0.1)
+    for params in (ortho, lecun):
+        assert all(float(np.abs(b).max()) == 0.0 for path, b in jax.tree_util.tree_leaves_with_path(params)
+                   if "bias" in jax.tree_util.keystr(path))
+
+
 def test_log_std_is_clamped(pendulum):
     net = networks.make_actor_critic(pendulum, SMALL)
     params = net.init(jax.random.PRNGKey(0))

@@ -18,6 +18,7 @@ from ppo_async.config.paths import (
 )
 from ppo_async.config.sections import (
     ACTIVATIONS,
+    WEIGHT_INITS,
     ADVANTAGE_ESTIMATORS,
     DEFAULT_BUFFER_CHUNKS,
     DEFAULT_KL_WINDOW,
@@ -31,6 +32,7 @@ from ppo_async.config.sections import (
     OBJECTIVES,
     SCHEDULE_FIELDS,
     ActivationName,
+    WeightInitName,
     AdvantageEstimatorName,
     ClusterName,
     Config,
@@ -55,8 +57,10 @@ from ppo_async.errors import ConfigError, DistributedFailure
 
 __all__ = [
     "ACTIVATIONS",
+    "WEIGHT_INITS",
     "ADVANTAGE_ESTIMATORS",
     "ActivationName",
+    "WeightInitName",
     "AdvantageEstimatorName",
     "ClusterName",
     "Config",

@@ -54,6 +54,9 @@ ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimatorName)
 ActivationName = Literal["tanh", "relu", "gelu", "silu"]
 ACTIVATIONS: tuple[str, ...] = get_args(ActivationName)
 
+WeightInitName = Literal["orthogonal", "lecun"]
+WEIGHT_INITS: tuple[str, ...] = get_args(WeightInitName)
+
 FullPolicyName = Literal["overwrite_oldest", "block"]
 FULL_POLICIES: tuple[str, ...] = get_args(FullPolicyName)
 
@@ -210,6 +213,8 @@ class NetworkConfig:
     """Hidden layer widths of the value MLP."""
     activation: ActivationName = "tanh"
     """Hidden activation."""
+    init: WeightInitName = "orthogonal"
+    """Weight init: "orthogonal" (gains sqrt(2) hidden, 0.01 policy head, 1 value head, zero biases; Huang et al. 2022, as CleanRL / SB3) or "lecun" (Flax's default Dense init, LeCun-normal kernels and zero biases everywhere: the ablation's baseline)."""
     shared_torso: bool = False
     """Share the hidden layers between actor and critic (actor_hidden is used)."""
     state_dependent_std: bool = False

@@ -3,7 +3,8 @@
 `make_actor_critic(env, network_config)` returns an `ActorCritic` with pure `init` and
 `apply`; `apply(params, obs) -> (dist, value)` where `dist` is a `GaussianDist` (continuous)
 or `CategoricalDist` (discrete) and `value` is `[...]`. Orthogonal initialisation as in
-the PPO implementation details (Huang et al. 2022, ICLR blog track).
+the PPO implementation details (Huang et al. 2022, ICLR blog track) by default; `network.init =
+"lecun"` gives Flax's default Dense init instead (the ablation's baseline).
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ _ACTIVATIONS: dict[str, Callable[[chex.Array], chex.Array]] = {
 }
 
 
-def _dense(features: int, scale: float) -> nn.Dense:
-    return nn.Dense(
-        features,
-        kernel_init=nn.initializers.orthogonal(scale),
-        bias_init=nn.initializers.zeros,
-    )
+def dense(features: int, gain: float, init: str = "orthogonal", **kwargs: Any) -> nn.Dense:
+    """A Dense layer with zero biases and `init`'s kernels: orthogonal with `gain` (Huang et al.
+    2022: sqrt(2) hidden, 0.01 policy head, 1 value head) or, for "lecun", Flax's default
+    LeCun-normal (gain ignored). `kwargs` go to `nn.Dense` (name, bias_init)."""
+    kernel_init = nn.initializers.orthogonal(gain) if init == "orthogonal" else nn.initializers.lecun_normal()
+    return nn.Dense(features, kernel_init=kernel_init, **{"bias_init": nn.initializers.zeros, **kwargs})
 
 
 class MLP(nn.Module):
@@ -43,12 +44,13 @@ class MLP(nn.Module):
 
     widths: Sequence[int]
     activation: str = "tanh"
+    init: str = "orthogonal"
 
     @nn.compact
     def __call__(self, x: chex.Array) -> chex.Array:
         act = _ACTIVATIONS[self.activation]
         for width in self.widths:
-            x = act(_dense(width, float(np.sqrt(2.0)))(x))
+            x = act(dense(width, float(np.sqrt(2.0)), self.init)(x))
         return x
 
 
@@ -65,27 +67,23 @@ class ActorCriticModule(nn.Module):
     def __call__(self, obs: chex.Array) -> tuple[Dist, chex.Array]:
         cfg = self.config
         x = obs.reshape(obs.shape[: obs.ndim - self.obs_ndim] + (-1,))
-        actor_torso = MLP(cfg.actor_hidden, cfg.activation, name="actor_torso")
+        actor_torso = MLP(cfg.actor_hidden, cfg.activation, cfg.init, name="actor_torso")
         actor_features = actor_torso(x)
         if cfg.shared_torso:
             critic_features = actor_features
         else:
-            critic_features = MLP(cfg.critic_hidden, cfg.activation, name="critic_torso")(x)
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="critic_head")(critic_features)[..., 0]
+            critic_features = MLP(cfg.critic_hidden, cfg.activation, cfg.init, name="critic_torso")(x)
+        value = dense(1, 1.0, cfg.init, name="critic_head")(critic_features)[..., 0]
 
         if self.discrete:
-            logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01), name="actor_head")(actor_features)
+            logits = dense(self.action_dim, 0.01, cfg.init, name="actor_head")(actor_features)
             return CategoricalDist(logits), value
-        mean = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01), name="actor_head")(actor_features)
+        mean = dense(self.action_dim, 0.01, cfg.init, name="actor_head")(actor_features)
         if cfg.bounded_mean:
             mean = bounded(mean, *self.action_bounds)
         if cfg.state_dependent_std:
-            log_std = nn.Dense(
-                self.action_dim,
-                kernel_init=nn.initializers.orthogonal(0.01),
-                bias_init=nn.initializers.constant(cfg.init_log_std),
-                name="log_std_head",
-            )(actor_features)
+            log_std = dense(self.action_dim, 0.01, cfg.init, bias_init=nn.initializers.constant(cfg.init_log_std),
+                            name="log_std_head")(actor_features)
         else:
             log_std = self.param(
                 "log_std", nn.initializers.constant(cfg.init_log_std), (self.action_dim,)
