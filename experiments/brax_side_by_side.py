@@ -44,6 +44,9 @@ UNMATCHED = {
     "ppo.adam_eps": "Brax uses optax.adam's default eps (1e-8)",
     "rollout.obs_clip": "Brax's running normalisation clips nothing",
     "rollout.clip_actions": "Brax's envs clip actions themselves where the model requires it",
+    "truncation": "ours bootstraps V(final observation) at a time limit; Brax's trainer does (bootstrap_on_timeout) "
+                  "only where the env reports info['time_out'] (brax/inverted_pendulum), elsewhere it zeroes the "
+                  "advantage of the truncated step and cuts GAE's trace there",
     "network.init": "Brax's MLPs start from LeCun-uniform kernels (its make_ppo_networks default); ours from "
                     "orthogonal ones with the PPO gains (network.init = orthogonal)",
 }
@@ -74,13 +77,14 @@ def ours_config(env: str, seed: int, total_env_steps: int, eval_episodes: int):
     return config.replace(eval_every=config.num_iterations, eval_episodes=eval_episodes)
 
 
-def brax_kwargs(config, episode_length: int) -> dict[str, Any]:
+def brax_kwargs(config, episode_length: int, bootstrap_on_timeout: bool) -> dict[str, Any]:
     """Brax `ppo.train` keyword arguments for our `config` (the network factory aside).
 
     Brax's learner batch is batch_size * num_minibatches unrolls of unroll_length steps from
     num_envs envs; ours is num_envs x num_steps in num_minibatches minibatches, so batch_size =
     num_envs / num_minibatches gives the same 2,048 env steps per update and the same number of
-    steps per minibatch (Brax shuffles whole unrolls, we shuffle steps)."""
+    steps per minibatch (Brax shuffles whole unrolls, we shuffle steps). `bootstrap_on_timeout`:
+    `env_sets_time_out` (Brax's trainer can bootstrap a time limit only where the env reports it)."""
     r, p = config.rollout, config.ppo
     if r.num_envs % p.num_minibatches:
         raise SystemExit(f"error: rollout.num_envs = {r.num_envs} is invalid: Brax's batch needs it to be a multiple of "
@@ -92,7 +96,7 @@ def brax_kwargs(config, episode_length: int) -> dict[str, Any]:
         clipping_epsilon_value=p.value_clip_eps, entropy_cost=p.ent_coef, vf_loss_coefficient=p.vf_coef,
         max_grad_norm=p.max_grad_norm, normalize_advantage=p.normalize_advantages,
         normalize_observations=r.normalize_obs, reward_scaling=r.reward_scale, episode_length=episode_length,
-        action_repeat=1, bootstrap_on_timeout=True, deterministic_eval=True, num_eval_envs=config.eval_episodes,
+        action_repeat=1, bootstrap_on_timeout=bootstrap_on_timeout, deterministic_eval=True, num_eval_envs=config.eval_episodes,
         num_evals=2, seed=config.seed, max_devices_per_host=1,
     )
 
@@ -139,6 +143,17 @@ def brax_env(env: str, config):
     return registry.load(task, config_overrides={"impl": config.env_options.backend or "jax"}), wrapper.wrap_for_brax_training
 
 
+def env_sets_time_out(environment) -> bool:
+    """Whether Brax's env reports `info["time_out"]`, which Brax's `bootstrap_on_timeout` reads
+    (adding gamma * V(s) to the reward of a timed-out step, as our truncation bootstrap does).
+    brax/inverted_pendulum does; the other envs do not, and Brax's trainer then handles the time
+    limit its own way: its EpisodeWrapper marks the step `truncation` and its GAE zeroes that
+    step's advantage and cuts the trace there (`brax.training.agents.ppo.losses.compute_gae`)."""
+    import jax
+
+    return "time_out" in environment.reset(jax.random.PRNGKey(0)).info
+
+
 def run_ours(env: str, seed: int, total_env_steps: int, eval_episodes: int) -> dict[str, Any]:
     """Trains our side; its final deterministic eval return, env steps and wall seconds."""
     import ppo_async as pa
@@ -180,6 +195,7 @@ def run_brax(env: str, seed: int, total_env_steps: int, eval_episodes: int) -> d
     config = ours_config(env, seed, total_env_steps, eval_episodes)
     check_translatable(config)
     environment, wrap = brax_env(env, config)
+    kwargs = brax_kwargs(config, episode_length_of(env), env_sets_time_out(environment))
     nets = network_kwargs(config)
     nets["activation"] = getattr(jax.nn, nets["activation"])
     evals: list[tuple[int, float]] = []
@@ -187,7 +203,7 @@ def run_brax(env: str, seed: int, total_env_steps: int, eval_episodes: int) -> d
     ppo_train.train(environment=environment, wrap_env_fn=wrap,
                     network_factory=functools.partial(ppo_networks.make_ppo_networks, **nets),
                     progress_fn=lambda step, m: evals.append((int(step), float(m["eval/episode_reward"]))),
-                    **brax_kwargs(config, episode_length_of(env)))
+                    **kwargs)
     return {"env_steps": evals[-1][0], "eval_return": evals[-1][1], "wall_s": round(time.perf_counter() - start, 2)}
 
 
@@ -233,8 +249,9 @@ def describe_configs(args: Args) -> dict[str, Any]:
     configs = {}
     for env in args.envs:
         config = ours_config(env, 0, args.total_env_steps, args.eval_episodes)
+        time_out = env_sets_time_out(brax_env(env, config)[0])
         configs[env] = {"ppo_async": pa.config_to_dict(config),
-                        "brax": {**brax_kwargs(config, episode_length_of(env)), "network": network_kwargs(config)},
+                        "brax": {**brax_kwargs(config, episode_length_of(env), time_out), "network": network_kwargs(config)},
                         "unmatched": UNMATCHED}
     return configs
 

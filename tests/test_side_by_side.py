@@ -20,12 +20,13 @@ SPEC.loader.exec_module(sbs)
 
 def test_brax_batch_equals_ours():
     config = sbs.ours_config("brax/inverted_pendulum", 3, 100_000, 7)
-    kw = sbs.brax_kwargs(config, 1000)
+    kw = sbs.brax_kwargs(config, 1000, True)
     # Brax: batch_size * num_minibatches unrolls of unroll_length steps per update
     assert kw["batch_size"] * kw["num_minibatches"] * kw["unroll_length"] == config.batch_size == 64 * 32
     assert kw["num_timesteps"] == config.num_iterations * config.batch_size == 98_304  # 48 whole batches
     assert (kw["num_envs"], kw["num_updates_per_batch"], kw["learning_rate"], kw["discounting"]) == (64, 4, 1e-3, 0.99)
     assert (kw["seed"], kw["num_eval_envs"], kw["deterministic_eval"], kw["episode_length"]) == (3, 7, True, 1000)
+    assert kw["bootstrap_on_timeout"] and not sbs.brax_kwargs(config, 1000, False)["bootstrap_on_timeout"]
     nets = sbs.network_kwargs(config)
     assert nets["policy_hidden_layer_sizes"] == (64, 64) and nets["distribution_type"] == "normal"
     assert nets["init_noise_std"] == pytest.approx(1.0)  # exp(init_log_std = 0)
@@ -38,7 +39,7 @@ def test_what_brax_cannot_do_is_refused():
     sbs.check_translatable(sbs.ours_config("brax/inverted_pendulum", 0, 100_000, 5))  # the preset itself translates
     odd = pa.config_for_env("brax/inverted_pendulum", {"ppo.num_minibatches": 16, "rollout.num_envs": 24})
     with pytest.raises(SystemExit, match="rollout.num_envs = 24 is invalid"):
-        sbs.brax_kwargs(odd, 1000)
+        sbs.brax_kwargs(odd, 1000, False)
 
 
 def test_sides_alternate_and_summary():
@@ -50,3 +51,12 @@ def test_sides_alternate_and_summary():
     lines = sbs.summary_lines(rows, ("a",))
     assert "ours / Brax's mean: 1.00x" in lines[-1]
     assert lines[1].split()[2:4] == ["2", "200.0"] and lines[1].split()[-2] == "100.0"  # seeds, mean, worst
+
+
+def test_time_out_bootstrap_only_where_the_env_reports_it():
+    """Brax's bootstrap_on_timeout reads info["time_out"], which only some Brax envs set: asking
+    for it elsewhere crashed Brax's trainer (KeyError 'time_out' on brax/inverted_double_pendulum)."""
+    pytest.importorskip("brax")
+    for env, sets in (("brax/inverted_pendulum", True), ("brax/inverted_double_pendulum", False)):
+        config = sbs.ours_config(env, 0, 100_000, 5)
+        assert sbs.env_sets_time_out(sbs.brax_env(env, config)[0]) is sets
