@@ -20,8 +20,9 @@ part), the third in async mode:
   another log-std init, no annealing, other gamma / lambda).
 - `async` is the benchmark's async mode as it is (4 samplers sharing the preset's 16 envs, 4
   chunks per batch, decoupled PPO: lag ~1); `async+<factor>` changes one thing of it: PPO's
-  objective instead of decoupled PPO (the clip around the behaviour policy), or a barrier
-  (`threaded.barrier`: the same samplers and chunks at lag 0), to tell lag from the rest.
+  objective instead of decoupled PPO (the clip around the behaviour policy), a barrier
+  (`threaded.barrier`: the same samplers and chunks at lag 0), to tell lag from the rest, or
+  the barrier family's best factor (initial log-std -0.5) under lag.
 
 The summary (OUT/summary.txt, OUT/table.csv) gives per variant and env the mean final training
 return (stochastic policy, episode-weighted over the last 10% of iterations, as CleanRL reports)
@@ -69,6 +70,7 @@ VARIANTS: dict[str, dict] = {
     "async": {},
     "async+ppo_objective": {"ppo.objective": "ppo"},
     "async+lag_0": {"threaded.barrier": True},
+    "async+log_std_-0.5": {"network.init_log_std": -0.5},
 }
 """Variant name -> dotted config fields set over the env's preset and its mode (`mode_of`)."""
 

@@ -30,12 +30,13 @@ def config_of(variant: str):
 
 def test_async_variants_change_one_thing_of_the_async_mode():
     assert [v for v in ablation.VARIANTS if ablation.mode_of(v) == "async"] == ["async", "async+ppo_objective",
-                                                                               "async+lag_0"]
+                                                                               "async+lag_0", "async+log_std_-0.5"]
     base = config_of("async")
     assert (base.threaded.num_samplers, base.threaded.chunks_per_batch, base.rollout.num_envs) == (4, 4, 4)
     assert (base.threaded.barrier, base.ppo.objective) == (False, "decoupled")
     assert config_of("async+ppo_objective") == replace_paths(base, {"ppo.objective": "ppo"})
     assert config_of("async+lag_0") == replace_paths(base, {"threaded.barrier": True})
+    assert config_of("async+log_std_-0.5") == replace_paths(base, {"network.init_log_std": -0.5})
     assert base.batch_size == config_of("preset").batch_size == 2048  # the same samples per update as barrier
 
 
