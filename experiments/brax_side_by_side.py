@@ -17,7 +17,7 @@ Both sides report the deterministic return of the final policy over `--eval-epis
 (Brax's `deterministic_eval`, our `eval_every` after the last iteration). Rows go to
 OUT/results.csv as each run ends; a stopped script run again with the same arguments skips the
 finished runs. OUT/summary.txt: per env, each side's mean, 95% bootstrap CI and worst seed, and
-ours / Brax's. OUT defaults to runs/experiments/brax_side_by_side (git-ignored): publish with
+ours - Brax's mean (with the ratio where both are positive). OUT defaults to runs/experiments/brax_side_by_side (git-ignored): publish with
 --out experiments/results/brax_side_by_side.
 """
 
@@ -267,7 +267,8 @@ def bootstrap_ci(values: list[float], reps: int = 2000, seed: int = 0) -> tuple[
 
 
 def summary_lines(rows: list[dict[str, str]], envs: tuple[str, ...]) -> list[str]:
-    """Per env: each side's mean eval return, 95% CI, worst seed and seed count; ours / Brax's."""
+    """Per env: each side's mean eval return, 95% CI, worst seed and seed count; ours - Brax's mean
+    (higher is better on every env here) and, where both means are positive, their ratio."""
     lines = [f"{'env':32s} {'side':10s} {'seeds':>5s} {'mean':>9s} {'95% CI':>21s} {'worst':>9s} {'wall_s':>8s}"]
     for env in envs:
         means = {}
@@ -281,8 +282,10 @@ def summary_lines(rows: list[dict[str, str]], envs: tuple[str, ...]) -> list[str
             wall = sorted(float(r["wall_s"]) for r in got)[len(got) // 2]
             lines.append(f"{env:32s} {side:10s} {len(got):5d} {means[side]:9.1f} [{low:9.1f}, {high:9.1f}] "
                          f"{min(values):9.1f} {wall:8.1f}")
-        if len(means) == 2 and means["brax"] != 0:
-            lines.append(f"{env:32s} ours / Brax's mean: {means['ppo_async'] / means['brax']:.2f}x")
+        if len(means) == 2:
+            ours, brax = means["ppo_async"], means["brax"]
+            ratio = f", ours / Brax's: {ours / brax:.2f}x" if ours > 0 and brax > 0 else " (a ratio of returns below 0 means nothing)"
+            lines.append(f"{env:32s} ours - Brax's mean: {ours - brax:+.1f}{ratio}")
     return lines
 
 

@@ -49,7 +49,10 @@ def test_sides_alternate_and_summary():
     rows = [{"env": "a", "side": side, "seed": str(s), "eval_return": str(v), "wall_s": "1"}
             for side, values in (("ppo_async", (100, 300)), ("brax", (200, 200))) for s, v in enumerate(values)]
     lines = sbs.summary_lines(rows, ("a",))
-    assert "ours / Brax's mean: 1.00x" in lines[-1]
+    assert lines[-1].endswith("ours - Brax's mean: +0.0, ours / Brax's: 1.00x")
+    negative = [{"env": "a", "side": side, "seed": "0", "eval_return": value, "wall_s": "1"}  # reacher-like returns
+                for side, value in (("ppo_async", "-50"), ("brax", "-100"))]
+    assert sbs.summary_lines(negative, ("a",))[-1].endswith("ours - Brax's mean: +50.0 (a ratio of returns below 0 means nothing)")
     assert lines[1].split()[2:4] == ["2", "200.0"] and lines[1].split()[-2] == "100.0"  # seeds, mean, worst
 
 
