@@ -319,6 +319,10 @@ class Exchange:
         timeout), so the run stops cleanly. (The service's own liveness query waits for every
         process, so it cannot name the dead.)"""
         watch = SilenceWatch(self.config.distributed.heartbeat_timeout_s / 2)
+        # the first beat before returning: a process killed before its thread's first beat (an
+        # iteration can take less than `every_s`) would otherwise have no counter to stand still,
+        # and its peers would wait for JAX's abort instead of naming it
+        self.client.key_value_increment(f"{self.prefix}alive/{self.process_id}", 1)
 
         def beat() -> None:
             told = False
