@@ -395,6 +395,15 @@ def _manifest_block(path: str) -> str:
 TEXT_REPORTS = (".txt",)
 
 
+# results directories written by `python -m ppo_async benchmark` (no script of their own): what each is
+BENCHMARK_DIRS = {
+    "benchmark": "`python -m ppo_async benchmark`: suites of envs x modes x seeds, evaluated against published reference figures.",
+    "benchmark_candidate": "`python -m ppo_async benchmark --set network.init_log_std=-0.5`: the mujoco suite with a "
+                           "candidate change to the gymnasium preset (an initial policy std of 0.61 instead of 1.0, "
+                           "the ablation's best factor), checked at 5 seeds before the preset changes.",
+}
+
+
 def results_pages() -> dict[str, str]:
     pages: dict[str, str] = {}
     index = [NOTE.format(source="experiments/results/*/manifest.json"),
@@ -415,8 +424,8 @@ def results_pages() -> dict[str, str]:
             with open(script, encoding="utf-8") as f:
                 doc = ast.get_docstring(ast.parse(f.read())) or ""
             summary = doc.split("\n\n")[0]
-        elif name == "benchmark":
-            summary = "`python -m ppo_async benchmark`: suites of envs x modes x seeds, evaluated against published reference figures."
+        else:
+            summary = BENCHMARK_DIRS.get(name, "")
         manifests = _manifests(directory)
         index.append(f"| [{name}]({name}.md) | {_cell(summary)} | {len(manifests)} |\n")
         lines = [NOTE.format(source=f"experiments/results/{name}/"), f"# {name}\n\n"]
