@@ -17,8 +17,9 @@ Both sides report the deterministic return of the final policy over `--eval-epis
 (Brax's `deterministic_eval`, our `eval_every` after the last iteration). Rows go to
 OUT/results.csv as each run ends; a stopped script run again with the same arguments skips the
 finished runs. OUT/summary.txt: per env, each side's mean, 95% bootstrap CI and worst seed, and
-ours - Brax's mean (with the ratio where both are positive). OUT defaults to runs/experiments/brax_side_by_side (git-ignored): publish with
---out experiments/results/brax_side_by_side.
+ours - Brax's mean (with the ratio where both are positive). OUT defaults to
+runs/experiments/brax_side_by_side (git-ignored): publish with --out
+experiments/results/brax_side_by_side/<family>.
 """
 
 from __future__ import annotations

@@ -347,6 +347,7 @@ def test_a_peer_killed_before_its_heartbeat_thread_beats_is_named_dead():
     assert told and told[0].startswith("process 1 died (no heartbeat for 0.5s"), told
     assert 0.5 <= time.monotonic() - start < 3.0
 
+
 def test_silence_watch_names_counters_that_stood_still_too_long():
     watch = distributed.SilenceWatch(silence_s=1.0)
     assert watch.update({1: "1", 2: "1"}, now=0.0) == set()

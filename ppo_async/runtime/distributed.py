@@ -322,13 +322,14 @@ class Exchange:
         # the first beat before returning: a process killed before its thread's first beat (an
         # iteration can take less than `every_s`) would otherwise have no counter to stand still,
         # and its peers would wait for JAX's abort instead of naming it
-        self.client.key_value_increment(f"{self.prefix}alive/{self.process_id}", 1)
+        alive_key = f"{self.prefix}alive/{self.process_id}"
+        self.client.key_value_increment(alive_key, 1)
 
         def beat() -> None:
             told = False
             while not self._stopped.wait(every_s):
                 try:
-                    self.client.key_value_increment(f"{self.prefix}alive/{self.process_id}", 1)
+                    self.client.key_value_increment(alive_key, 1)
                     beats, done, now = self._beats(), self._done(), time.monotonic()
                 except Exception:  # noqa: BLE001 - the service is gone: nothing left to tell
                     return
