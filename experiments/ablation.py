@@ -14,15 +14,17 @@ part), the third in async mode:
 - `old` is the gymnasium preset before issue 26 (4 epochs x 8 minibatches of a 16 x 64 batch,
   rewards scaled by 0.1, no value clipping); `old+<factor>` adds one factor of today's preset
   to it: one factor at a time from the preset the issue measured.
-- `preset` is today's preset (`ppo_async.config.presets`, the reference implementations'
-  setting); `preset-<factor>` / `preset+<factor>` removes one of its factors or adds one it
+- `preset` is the gymnasium preset as this ablation measured it (`ppo_async.config.presets`,
+  the reference implementations' setting, with the initial log-std of 0 it had then:
+  `ABLATED_PRESET` sets it under every variant); `preset-<factor>` / `preset+<factor>` removes one of its factors or adds one it
   does not have (bounded mean, wider networks, Flax's default LeCun init instead of orthogonal,
   another log-std init, no annealing, other gamma / lambda).
 - `async` is the benchmark's async mode as it is (4 samplers sharing the preset's 16 envs, 4
   chunks per batch, decoupled PPO: lag ~1); `async+<factor>` changes one thing of it: PPO's
   objective instead of decoupled PPO (the clip around the behaviour policy), a barrier
   (`threaded.barrier`: the same samplers and chunks at lag 0), to tell lag from the rest, or
-  the barrier family's best factor (initial log-std -0.5) under lag.
+  the barrier family's best factor (initial log-std -0.5) under lag; `async+log_std_-0.5+<factor>`
+  changes one thing of today's async mode (the preset with that log-std).
 
 The summary (OUT/summary.txt, OUT/table.csv) gives per variant and env the mean final training
 return (stochastic policy, episode-weighted over the last 10% of iterations, as CleanRL reports)
@@ -71,8 +73,23 @@ VARIANTS: dict[str, dict] = {
     "async+ppo_objective": {"ppo.objective": "ppo"},
     "async+lag_0": {"threaded.barrier": True},
     "async+log_std_-0.5": {"network.init_log_std": -0.5},
+    # One factor from today's async (the preset with log-std -0.5): off-policy corrected advantages
+    # (V-trace, rho_bar = c_bar = 1) instead of GAE, or half the learning rate (less drift per version).
+    "async+log_std_-0.5+vtrace": {"network.init_log_std": -0.5, "ppo.advantage_estimator": "vtrace"},
+    "async+log_std_-0.5+lr_1.5e-4": {"network.init_log_std": -0.5, "ppo.learning_rate": 1.5e-4},
 }
 """Variant name -> dotted config fields set over the env's preset and its mode (`mode_of`)."""
+
+ABLATED_PRESET = {"network.init_log_std": 0.0}
+"""Set under every variant: the gymnasium preset as the ablation measured it. The preset took
+log-std -0.5 from this ablation (`preset+log_std_-0.5`) afterwards; pinning the old value keeps
+each variant one factor from the preset it was measured against, and the committed runs resumable."""
+
+
+def variant_changes(variant: str) -> dict:
+    """The dotted config fields `variant` sets over today's preset: `ABLATED_PRESET`, then its own."""
+    return {**ABLATED_PRESET, **VARIANTS[variant]}
+
 
 ASYNC_PREFIX = "async"
 """Variants named `async...` run in the benchmark's async mode (4 samplers sharing the preset's
@@ -147,7 +164,8 @@ def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
         fmt[column] = fmt[column].map(lambda v: "-" if np.isnan(v) else f"{v:,.0f}")
     fmt["vs_cleanrl"] = fmt["vs_cleanrl"].map(lambda v: "-" if np.isnan(v) else f"{v:.2f}x")
     lines.append(fmt.to_string(index=False))
-    lines += ["", f"variants: {', '.join(f'{k} = {v}' for k, v in VARIANTS.items() if k in set(table['variant']))}",
+    lines += ["", f"variants (fields over the preset with {ABLATED_PRESET}, the preset they were measured "
+              f"against): {', '.join(f'{k} = {v}' for k, v in VARIANTS.items() if k in set(table['variant']))}",
               "command: python experiments/ablation.py --out experiments/results/ablation (every variant; it resumes, "
               "skipping finished runs)", f"(this summary written by: python experiments/ablation.py {' '.join(sys.argv[1:])})",
               f"finished variants: {len(set(table['variant']))} of {len(VARIANTS)}"]
@@ -169,10 +187,11 @@ def main(args: Args) -> None:
     with Manifest(out):
         if not args.summarise_only:
             for name in args.variants:
-                print(f"== ablation variant {name} ({mode_of(name)}): {VARIANTS[name] or 'the preset as it is'}",
+                print(f"== ablation variant {name} ({mode_of(name)}): {variant_changes(name)} over the preset",
                       flush=True)
                 pa.benchmark("mujoco", seeds=args.seeds, out=os.path.join(out, name), envs=args.envs,
-                             total_env_steps=args.total_env_steps, modes=[mode_of(name)], changes=VARIANTS[name])
+                             total_env_steps=args.total_env_steps, modes=[mode_of(name)],
+                             changes=variant_changes(name))
                 summarise(out, args)
         summarise(out, args)
 

@@ -4,6 +4,7 @@ against hand-computed ones, and only finished variants (with a manifest) in the 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import sys
@@ -24,20 +25,42 @@ HOPPER = "gymnasium/Hopper-v5"
 
 def config_of(variant: str):
     mode = ablation.mode_of(variant)
-    plan = bm.resolve_plan("mujoco", envs=[HOPPER], modes=[mode], changes=ablation.VARIANTS[variant])
+    plan = bm.resolve_plan("mujoco", envs=[HOPPER], modes=[mode], changes=ablation.variant_changes(variant))
     return bm.run_config(plan, HOPPER, mode, 0, None)
 
 
 def test_async_variants_change_one_thing_of_the_async_mode():
     assert [v for v in ablation.VARIANTS if ablation.mode_of(v) == "async"] == ["async", "async+ppo_objective",
-                                                                               "async+lag_0", "async+log_std_-0.5"]
+                                                                               "async+lag_0", "async+log_std_-0.5",
+                                                                               "async+log_std_-0.5+vtrace",
+                                                                               "async+log_std_-0.5+lr_1.5e-4"]
     base = config_of("async")
     assert (base.threaded.num_samplers, base.threaded.chunks_per_batch, base.rollout.num_envs) == (4, 4, 4)
     assert (base.threaded.barrier, base.ppo.objective) == (False, "decoupled")
     assert config_of("async+ppo_objective") == replace_paths(base, {"ppo.objective": "ppo"})
     assert config_of("async+lag_0") == replace_paths(base, {"threaded.barrier": True})
-    assert config_of("async+log_std_-0.5") == replace_paths(base, {"network.init_log_std": -0.5})
+    today = config_of("async+log_std_-0.5")
+    assert today == replace_paths(base, {"network.init_log_std": -0.5})
+    assert config_of("async+log_std_-0.5+vtrace") == replace_paths(today, {"ppo.advantage_estimator": "vtrace"})
+    assert config_of("async+log_std_-0.5+lr_1.5e-4") == replace_paths(today, {"ppo.learning_rate": 1.5e-4})
     assert base.batch_size == config_of("preset").batch_size == 2048  # the same samples per update as barrier
+
+
+def test_every_variant_is_measured_against_the_preset_with_log_std_0():
+    """The preset took log-std -0.5 after the ablation; its variants keep the value they were run with."""
+    assert config_of("preset").network.init_log_std == config_of("async").network.init_log_std == 0.0
+    assert config_of("preset+log_std_-0.5").network.init_log_std == -0.5
+    published = os.path.join(HERE, "..", "experiments", "results", "ablation")
+    finished = [name for name in ablation.VARIANTS if os.path.isfile(os.path.join(published, name, "manifest.json"))]
+    assert len(finished) >= 18
+    for name in finished:  # each committed variant resumes under today's preset (no ConfigError)
+        spec = os.path.join(published, name, "benchmark.json")
+        assert os.path.isfile(spec), name  # check_spec would write a missing one
+        with open(spec, encoding="utf-8") as f:
+            recorded = json.load(f)
+        plan = bm.resolve_plan("mujoco", envs=recorded["envs"], modes=[ablation.mode_of(name)],
+                               seeds=recorded["seeds"], changes=ablation.variant_changes(name))
+        bm.check_spec(os.path.dirname(spec), bm.plan_spec(plan))
 
 
 def test_barrier_variants_run_one_sampler_at_lag_0():
