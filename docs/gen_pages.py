@@ -398,9 +398,9 @@ TEXT_REPORTS = (".txt",)
 # results directories written by `python -m ppo_async benchmark` (no script of their own): what each is
 BENCHMARK_DIRS = {
     "benchmark": "`python -m ppo_async benchmark`: suites of envs x modes x seeds, evaluated against published reference figures.",
-    "benchmark_candidate": "`python -m ppo_async benchmark --set network.init_log_std=-0.5`: the mujoco suite with a "
-                           "candidate change to the gymnasium preset (an initial policy std of 0.61 instead of 1.0, "
-                           "the ablation's best factor), checked at 5 seeds before the preset changes.",
+    "benchmark_init_log_std_0": "`python -m ppo_async benchmark --set network.init_log_std=0.0`: the mujoco suite "
+                                "with the gymnasium preset as it was before it took an initial log-std of -0.5 "
+                                "(policy std 1.0, CleanRL's): the benchmark the preset change was judged against.",
 }
 
 

@@ -11,6 +11,8 @@ import sys
 
 import pandas as pd
 
+import ppo_async as pa
+
 from ppo_async.config.paths import replace_paths
 from ppo_async.study import benchmark as bm
 
@@ -48,6 +50,7 @@ def test_async_variants_change_one_thing_of_the_async_mode():
 
 def test_every_variant_is_measured_against_the_preset_with_log_std_0():
     """The preset took log-std -0.5 after the ablation; its variants keep the value they were run with."""
+    assert pa.preset_for(HOPPER)["network.init_log_std"] == -0.5
     assert config_of("preset").network.init_log_std == config_of("async").network.init_log_std == 0.0
     assert config_of("preset+log_std_-0.5").network.init_log_std == -0.5
     published = os.path.join(HERE, "..", "experiments", "results", "ablation")
