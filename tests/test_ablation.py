@@ -35,7 +35,8 @@ def test_async_variants_change_one_thing_of_the_async_mode():
     assert [v for v in ablation.VARIANTS if ablation.mode_of(v) == "async"] == ["async", "async+ppo_objective",
                                                                                "async+lag_0", "async+log_std_-0.5",
                                                                                "async+log_std_-0.5+vtrace",
-                                                                               "async+log_std_-0.5+lr_1.5e-4"]
+                                                                               "async+log_std_-0.5+lr_1.5e-4",
+                                                                               "async+log_std_-0.5+ent_0.01"]
     base = config_of("async")
     assert (base.threaded.num_samplers, base.threaded.chunks_per_batch, base.rollout.num_envs) == (4, 4, 4)
     assert (base.threaded.barrier, base.ppo.objective) == (False, "decoupled")
@@ -45,6 +46,7 @@ def test_async_variants_change_one_thing_of_the_async_mode():
     assert today == replace_paths(base, {"network.init_log_std": -0.5})
     assert config_of("async+log_std_-0.5+vtrace") == replace_paths(today, {"ppo.advantage_estimator": "vtrace"})
     assert config_of("async+log_std_-0.5+lr_1.5e-4") == replace_paths(today, {"ppo.learning_rate": 1.5e-4})
+    assert config_of("async+log_std_-0.5+ent_0.01") == replace_paths(today, {"ppo.ent_coef": 0.01})
     assert base.batch_size == config_of("preset").batch_size == 2048  # the same samples per update as barrier
 
 
