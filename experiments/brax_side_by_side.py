@@ -19,7 +19,7 @@ OUT/results.csv as each run ends; a stopped script run again with the same argum
 finished runs. OUT/summary.txt: per env, each side's mean, 95% bootstrap CI and worst seed, and
 ours - Brax's mean (with the ratio where both are positive). OUT defaults to
 runs/experiments/brax_side_by_side (git-ignored): publish with --out
-experiments/results/brax_side_by_side/<family>.
+experiments/results/brax_side_by_side.
 """
 
 from __future__ import annotations
