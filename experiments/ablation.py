@@ -16,8 +16,8 @@ part), the third in async mode:
   to it: one factor at a time from the preset the issue measured.
 - `preset` is the gymnasium preset as this ablation measured it (`ppo_async.config.presets`,
   the reference implementations' setting, with the initial log-std of 0 it had then:
-  `ABLATED_PRESET` sets it under every variant); `preset-<factor>` / `preset+<factor>` removes one of its factors or adds one it
-  does not have (bounded mean, wider networks, Flax's default LeCun init instead of orthogonal,
+  `ABLATED_PRESET` sets it under every variant); `preset-<factor>` / `preset+<factor>` removes
+  one of its factors or adds one it does not have (bounded mean, wider networks, Flax's default LeCun init instead of orthogonal,
   another log-std init, no annealing, other gamma / lambda).
 - `async` is the benchmark's async mode as it is (4 samplers sharing the preset's 16 envs, 4
   chunks per batch, decoupled PPO: lag ~1); `async+<factor>` changes one thing of it: PPO's
@@ -80,7 +80,8 @@ VARIANTS: dict[str, dict] = {
     "async+log_std_-0.5+lr_1.5e-4": {"network.init_log_std": -0.5, "ppo.learning_rate": 1.5e-4},
     # Under lag the entropy falls per iteration as in barrier while the return rises more slowly
     # (Hopper, iteration 120: entropy ~0.9 in both, return 363-1,065 async vs 1,029-2,627 barrier):
-    # an entropy bonus (Brax's tuned envs use 1e-2) keeps the std up while async catches up.
+    # does an entropy bonus (Brax's tuned envs use 1e-2) that keeps the std up let async catch up?
+    # (Measured: no; the entropy stays up and the early return is as slow.)
     "async+log_std_-0.5+ent_0.01": {"network.init_log_std": -0.5, "ppo.ent_coef": 0.01},
 }
 """Variant name -> dotted config fields set over the env's preset and its mode (`mode_of`)."""
