@@ -17,8 +17,8 @@ part), the third in async mode:
 - `preset` is the gymnasium preset as this ablation measured it (`ppo_async.config.presets`,
   the reference implementations' setting, with the initial log-std of 0 it had then:
   `ABLATED_PRESET` sets it under every variant); `preset-<factor>` / `preset+<factor>` removes
-  one of its factors or adds one it does not have (bounded mean, wider networks, Flax's default LeCun init instead of orthogonal,
-  another log-std init, no annealing, other gamma / lambda).
+  one of its factors or adds one it does not have (bounded mean, wider networks, Flax's default
+  LeCun init instead of orthogonal, another log-std init, no annealing, other gamma / lambda).
 - `async` is the benchmark's async mode as it is (4 samplers sharing the preset's 16 envs, 4
   chunks per batch, decoupled PPO: lag ~1); `async+<factor>` changes one thing of it: PPO's
   objective instead of decoupled PPO (the clip around the behaviour policy), a barrier
