@@ -17,6 +17,7 @@ import pytest
 from ppo_async.study import manifest
 from ppo_async.study.manifest import (
     MANIFEST_FILE,
+    PACKAGES,
     Manifest,
     command_line,
     default_out,
@@ -24,6 +25,7 @@ from ppo_async.study.manifest import (
     git_state,
     package_versions,
     read_manifest,
+    versions_line,
     written_and_kept,
 )
 
@@ -83,6 +85,17 @@ def test_command_line_quotes_each_argument():
     line = command_line(["experiments/x.py", "--out", "a b", "--set", "k='v'"], executable="/usr/bin/python3")
     assert shlex.split(line) == ["/usr/bin/python3", "experiments/x.py", "--out", "a b", "--set", "k='v'"]
     assert command_line().startswith(shlex.quote(sys.executable))
+
+
+def test_the_resolved_versions_line_names_every_bounded_package():
+    """What .ci/run prints after a fresh install: every package pyproject.toml bounds, in order."""
+    assert versions_line({"jax": "0.10.2", "brax": None, "python": "3.11.7"}) == "jax 0.10.2  brax -  python 3.11.7"
+    done = subprocess.run([sys.executable, "-m", "ppo_async.study.manifest"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert line.startswith("resolved versions: ppo_async ")
+    import jax
+    assert f"jax {jax.__version__}" in line and all(f"{name} " in line for name in PACKAGES)
 
 
 def test_package_versions_are_the_installed_ones():
@@ -145,8 +158,8 @@ def test_manifest_fields_have_real_values(tmp_path):
     assert data["script"] == os.path.join("experiments", "lag_sweep.py")
     assert shlex.split(data["command"]) == [sys.executable, *argv]
     assert data["cwd"] == os.getcwd()
-    assert set(data["versions"]) == {"ppo_async", "jax", "jaxlib", "numpy", "python"}
-    assert all(isinstance(v, str) and v for v in data["versions"].values())
+    assert set(data["versions"]) == {*PACKAGES, "python"}
+    assert all(isinstance(data["versions"][k], str) and data["versions"][k] for k in ("ppo_async", "jax", "jaxlib", "numpy", "python"))
     machine = data["machine"]
     assert machine["cpu_count"] == os.cpu_count() and machine["arch"] and machine["platform"]
     for key in ("loadavg_start", "loadavg_end"):

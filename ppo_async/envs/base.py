@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ppo_async.envs.physics as physics
+from ppo_async.envs.mujoco_notices import filter_mujoco_notices
 from ppo_async.envs.registry import HOST_ENV_FAMILIES, check_env_name, split_env_name
 from ppo_async.errors import ConfigError
 
@@ -144,6 +145,7 @@ def _gymnasium_env(name: str, env_id: str) -> Env:
     import gymnasium
     from gymnasium import spaces
 
+    filter_mujoco_notices()  # before the probe compiles the first model
     try:
         probe = gymnasium.make(env_id)
     except Exception as exc:  # noqa: BLE001 - a registered id whose simulator is missing (mujoco)

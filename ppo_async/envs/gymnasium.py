@@ -5,48 +5,17 @@ auto-reset), its seeds and its episode accumulators. Only this module and
 
 from __future__ import annotations
 
-import sys
-import threading
-
 import chex
 import jax
 import numpy as np
 
 from ppo_async.envs.base import GymnasiumSpec
+from ppo_async.envs.mujoco_notices import filter_mujoco_notices
 
 
 def seed_of(key: chex.PRNGKey) -> int:
     """A Gymnasium seed (int in [0, 2**31 - 1)) drawn from a JAX key (one per sampler)."""
     return int(jax.random.randint(key, (), 0, 2**31 - 1))
-
-
-KNOWN_MUJOCO_NOTICES = ("compiler attribute 'settotalmass' is deprecated",)
-"""MuJoCo warnings about Gymnasium's own model files, not about a run (HalfCheetah-v5's XML
-sets `settotalmass`, deprecated in MuJoCo 3.3+: one line per env built, 16 per sampler)."""
-
-_notice_filter_lock = threading.Lock()
-
-
-def mujoco_warning(message: str, stream=None) -> None:
-    """MuJoCo's user-warning hook: a known notice about Gymnasium's files is dropped, any
-    other warning printed as MuJoCo prints it (`WARNING: <message>`)."""
-    if not message.startswith(KNOWN_MUJOCO_NOTICES):
-        print(f"WARNING: {message}", file=stream or sys.stderr, flush=True)
-
-
-def filter_mujoco_notices() -> bool:
-    """Installs `mujoco_warning` as MuJoCo's process-wide warning hook where nothing else has
-    set one (a user's own hook is left alone). Idempotent; returns whether ours is installed."""
-    try:
-        import mujoco
-    except ImportError:
-        return False
-    with _notice_filter_lock:
-        current = mujoco.get_mju_user_warning()
-        if current is None:
-            mujoco.set_mju_user_warning(mujoco_warning)
-            current = mujoco.get_mju_user_warning()
-        return current is mujoco_warning
 
 
 class HostVectorEnv:

@@ -15,7 +15,8 @@ Publishing is explicit: `--out experiments/results/<script>/...`. The fields (`S
   git                             {commit, dirty, changes}: `git rev-parse HEAD` and the lines of
                                   `git status --porcelain` of the checkout that holds the code
                                   (null outside a checkout)
-  versions                        ppo_async, jax, jaxlib, numpy, python
+  versions                        python and `PACKAGES`: ppo_async and its fast-moving
+                                  dependencies (null where one is not installed)
   machine                         cpu_count, platform, arch, loadavg_start, loadavg_end (1/5/15 min),
                                   other_cpu_cores (see `benchmarking.MachineLoad`)
   started_at, finished_at, wall_s UTC ISO times and the seconds in between
@@ -46,7 +47,10 @@ from ppo_async.study.benchmarking import MachineLoad
 
 MANIFEST_FILE = "manifest.json"
 SCHEMA = 1
-PACKAGES = ("ppo_async", "jax", "jaxlib", "numpy")
+PACKAGES = (
+    "ppo_async", "jax", "jaxlib", "numpy", "flax", "optax", "chex", "orbax-checkpoint", "gymnax", "tyro",
+    "mujoco", "brax", "playground", "gymnasium", "envpool",
+)  # the fast-moving ones whose ranges pyproject.toml bounds; .ci/run prints them (`python -m ppo_async.study.manifest`)
 # the checkout that holds this package (when the package runs from one: an editable install)
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_CHANGES = 200  # lines of `git status --porcelain` kept in the manifest
@@ -250,3 +254,12 @@ class Manifest:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.finish(exc)
+
+
+def versions_line(versions: dict[str, str | None]) -> str:
+    """`name version` pairs on one line, in `PACKAGES` order (`-` for one not installed)."""
+    return "  ".join(f"{name} {version or '-'}" for name, version in versions.items())
+
+
+if __name__ == "__main__":  # what a fresh install resolved (.ci/run prints it before the tests)
+    print("resolved versions:", versions_line(package_versions()))
