@@ -126,6 +126,7 @@ CHOICE_FIELDS = [
     (NetworkConfig, "init", "WEIGHT_INITS"),
     (pa.LagConfig, "schedule", "LAG_SCHEDULES"),
     (pa.ThreadedConfig, "full_policy", "FULL_POLICIES"),
+    (RolloutConfig, "stats_update", "STATS_UPDATES"),
     (pa.config.DistributedConfig, "cluster", "DISTRIBUTED_CLUSTERS"),
     (pa.config.DistributedConfig, "learner_sync", "LEARNER_SYNCS"),
 ]
@@ -152,7 +153,7 @@ def test_every_literal_field_has_its_tuple():
 @pytest.mark.parametrize("bad", ["nope", 3, None, True])
 def test_a_value_outside_the_literal_is_refused_listing_the_choices(cls, field, constant, bad):
     prefix = {Config: "", PPOConfig: "ppo.", NetworkConfig: "network.", pa.LagConfig: "lag.",
-              pa.ThreadedConfig: "threaded.", pa.config.DistributedConfig: "distributed."}[cls]
+              pa.ThreadedConfig: "threaded.", pa.config.DistributedConfig: "distributed.", RolloutConfig: "rollout."}[cls]
     with pytest.raises(ConfigError) as info:
         cls(**{field: bad})
     assert str(info.value) == f"{prefix}{field} = {bad!r} is invalid: must be one of {getattr(pa.config, constant)}"
@@ -312,7 +313,7 @@ def test_dict_round_trip_is_json_and_equal():
     assert data["network"]["actor_hidden"] == [8, 4]  # JSON lists
     assert data["rollout"] == {
         "num_envs": 4, "num_steps": 8, "normalize_obs": True, "obs_clip": 10.0,
-        "reward_scale": 0.1, "normalize_reward": False, "reward_clip": 10.0, "clip_actions": True,
+        "reward_scale": 0.1, "normalize_reward": False, "reward_clip": 10.0, "clip_actions": True, "stats_update": "after_sgd",
     }
     text = json.dumps(data)
     back = pa.config_from_dict(json.loads(text))

@@ -184,25 +184,61 @@ def test_stored_actions_are_unclipped_and_rewards_raw():
 
 
 @pytest.mark.exact_xla
-def test_obs_normalised_with_snapshot_stats_and_raw_moments():
+def test_trajectory_carries_raw_obs_and_the_snapshot_acts_on_its_normalised_ones():
+    """Normalisation is part of the policy: the snapshot acts on (obs - mean) / std under its
+    own statistics, the trajectory keeps the env's raw observations (the learner normalises)."""
     train_state, env_state = fresh_state(3)
     stats = custom_stats()
     snapshot = PolicySnapshot(train_state.params, stats, train_state.version, train_state.reward_stats)
     after, traj = ROLLOUT(snapshot, env_state, jax.random.PRNGKey(4))
     tr = traj.transitions
-    mean, std = np.asarray(stats.mean, np.float64), np.sqrt(np.asarray(stats.var, np.float64) + 1e-8)
-    np.testing.assert_allclose(np.asarray(tr.obs[0]), (np.asarray(env_state.obs) - mean) / std, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(traj.last_obs), (np.asarray(after.obs) - mean) / std, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(tr.obs[0]), np.asarray(env_state.obs))
+    np.testing.assert_array_equal(np.asarray(traj.last_obs), np.asarray(after.obs))
     # no episode ends: the observation reached at t is the one acted on at t + 1
     np.testing.assert_array_equal(np.asarray(tr.final_obs[:-1]), np.asarray(tr.obs[1:]))
     np.testing.assert_array_equal(np.asarray(tr.final_obs[-1]), np.asarray(traj.last_obs))
-    # obs_moments are of the raw observations (undo the normalisation; no clipping at these values)
-    raw = np.asarray(tr.obs, np.float64) * std + mean
-    assert np.all(np.abs(np.asarray(tr.obs)) < CONFIG.rollout.obs_clip)
+    # the behaviour log-prob is the snapshot's network on the hand-normalised observation
+    raw = np.asarray(tr.obs, np.float64)
+    mean, std = np.asarray(stats.mean, np.float64), np.sqrt(np.asarray(stats.var, np.float64) + 1e-8)
+    dist, _ = NETWORK.apply(train_state.params, jnp.asarray((raw - mean) / std, jnp.float32))
+    np.testing.assert_allclose(np.asarray(networks.log_prob(dist, tr.action)), np.asarray(tr.behavior_log_prob), rtol=1e-5, atol=1e-5)
+    dist_raw, _ = NETWORK.apply(train_state.params, tr.obs)  # (on the raw inputs it would differ)
+    assert not np.allclose(np.asarray(networks.log_prob(dist_raw, tr.action)), np.asarray(tr.behavior_log_prob), atol=1e-3)
+    # obs_moments are of the raw observations
     m = traj.stats.obs_moments
     np.testing.assert_allclose(np.asarray(m.mean), raw.reshape(-1, 3).mean(0), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(m.var), raw.reshape(-1, 3).var(0), rtol=1e-4, atol=1e-5)
     assert float(m.count) == T * N
+
+
+def test_learner_view_normalises_with_the_learners_statistics_hand_values():
+    """`learner_view`: every observation field through (x - mean) / sqrt(var + 1e-8) clipped to
+    obs_clip, rewards divided by the return std clipped to reward_clip; behaviour fields as
+    they are. Hand-computed on a 2 x 1 trajectory."""
+    ctx = dataclasses.replace(LCTX, normalize_reward=True, obs_clip=3.0, reward_clip=2.0)
+    obs_stats = RunningMeanStd(jnp.array([1.0, 0.0, -1.0]), jnp.array([4.0, 1.0, 0.25]), jnp.asarray(10.0))
+    reward_stats = RunningMeanStd(jnp.asarray(0.0), jnp.asarray(16.0), jnp.asarray(10.0))
+    obs = jnp.array([[[3.0, 2.0, -1.5]], [[1.0, 10.0, 0.0]]])  # [T=2, N=1, 3]
+    tr = Transition(
+        obs=obs, action=jnp.zeros((2, 1, 1)), reward=jnp.array([[4.0], [-40.0]]),
+        terminated=jnp.zeros((2, 1), bool), truncated=jnp.array([[False], [True]]),
+        final_obs=obs + 1.0, behavior_log_prob=jnp.array([[-0.5], [-0.7]]),
+        behavior_dist=GaussianDist(jnp.zeros((2, 1, 1)), jnp.zeros((2, 1, 1))),
+        policy_version=jnp.array([[3], [3]], jnp.int32),
+    )
+    traj = Trajectory(tr, last_obs=jnp.array([[5.0, -5.0, -1.0]]), stats=None)
+    view = learner.learner_view(ctx, traj, obs_stats, reward_stats)
+    s = 1.0 + 1e-8  # sqrt(var + 1e-8) ~ sqrt(var): within float32 of 2, 1, 0.5
+    np.testing.assert_allclose(np.asarray(view.transitions.obs)[:, 0], [[1.0, 2.0, -1.0], [0.0, 3.0, 2.0]], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(view.transitions.final_obs)[:, 0], [[1.5, 3.0, 1.0], [0.5, 3.0, 3.0]], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(view.last_obs), [[2.0, -3.0, 0.0]], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(view.transitions.reward)[:, 0], [1.0 / s, -2.0], rtol=1e-6)  # 4/4, clip(-10)
+    for field in ("action", "behavior_log_prob", "policy_version", "terminated", "truncated"):
+        np.testing.assert_array_equal(np.asarray(getattr(view.transitions, field)), np.asarray(getattr(tr, field)))
+    off = dataclasses.replace(ctx, normalize_obs=False, normalize_reward=False)
+    same = learner.learner_view(off, traj, obs_stats, reward_stats)
+    for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(traj)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_rollout_is_reproducible_and_key_dependent(first_rollout):
@@ -234,7 +270,7 @@ def test_episode_accounting_across_the_time_limit():
     np.testing.assert_allclose(np.asarray(after.episode_return), tr.reward[200:].sum(0), rtol=1e-5)
     # the reset: the observation reached at step 200 is not the one acted on next
     assert not np.allclose(tr.final_obs[199], tr.obs[200])
-    np.testing.assert_allclose(tr.final_obs[198], tr.obs[199], rtol=1e-6)  # one observation, normalised twice
+    np.testing.assert_allclose(tr.final_obs[198], tr.obs[199], rtol=1e-6, atol=1e-7)  # one observation (gymnax rounds it twice)
     assert int(stats.nonfinite_count) == 0
     np.testing.assert_array_equal(np.asarray(jnp.isfinite(tr.reward)), True)
 
@@ -301,16 +337,9 @@ def test_one_update_counters_params_and_obs_stats(first_rollout):
     assert (int(newer.version), int(newer.sgd_steps), int(newer.env_steps)) == (2, 8, 64)
     assert float(metrics2["learning_rate"]) == pytest.approx(3e-3 * 0.75)
     assert float(newer.obs_stats.count) == 2 * T * N
-    raw = np.concatenate([
-        _raw_obs(traj, train_state.obs_stats), _raw_obs(traj2, new_state.obs_stats)
-    ]).reshape(-1, 3)
+    raw = np.concatenate([np.asarray(traj.transitions.obs, np.float64), np.asarray(traj2.transitions.obs, np.float64)]).reshape(-1, 3)
     np.testing.assert_allclose(np.asarray(newer.obs_stats.mean), raw.mean(0), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(newer.obs_stats.var), raw.var(0), rtol=1e-4, atol=1e-5)
-
-
-def _raw_obs(traj: Trajectory, stats: RunningMeanStd) -> np.ndarray:
-    """Undo the (unclipped) normalisation of the stored policy inputs."""
-    return np.asarray(traj.transitions.obs, np.float64) * np.sqrt(np.asarray(stats.var, np.float64) + 1e-8) + np.asarray(stats.mean)
 
 
 def test_first_minibatch_ratio_is_exactly_one(first_rollout):
@@ -327,6 +356,27 @@ def test_first_minibatch_ratio_is_exactly_one(first_rollout):
     assert float(metrics["ratio_max"]) == pytest.approx(1.0, abs=1e-5)
     assert float(metrics["ratio_std"]) < 1e-5
     assert int(new_state.sgd_steps) == 1 and int(new_state.version) == 1
+
+
+def test_lag_0_ratio_is_exactly_one_with_trained_statistics_after_sgd_and_not_before(first_rollout):
+    """Learner-owned statistics: a batch made at the learner's own version (lag 0) with
+    non-trivial statistics is normalised, under `stats_update = "after_sgd"`, with exactly the
+    statistics the sampler acted with, so the first step's ratio is 1; under "before_sgd" the
+    batch's own moments are merged first and the ratio measures that change."""
+    train_state, _, after, traj = first_rollout
+    state1, _ = UPDATE(train_state, traj, jax.random.PRNGKey(0), HPARAMS)  # statistics of 32 raw observations
+    assert float(state1.obs_stats.count) == T * N and not np.allclose(np.asarray(state1.obs_stats.var), 1.0)
+    _, traj1 = ROLLOUT(snapshot_of(state1), after, jax.random.PRNGKey(9))  # lag 0 against state1
+    kls = {}
+    for before in (False, True):
+        ctx = dataclasses.replace(LCTX, num_epochs=1, num_minibatches=1, stats_before_sgd=before)
+        new_state, metrics = jax.jit(lambda s, t, k, h: learner.ppo_update(ctx, s, t, k, h))(
+            state1, traj1, jax.random.PRNGKey(0), HPARAMS
+        )
+        kls[before] = float(metrics["approx_kl"])
+        assert float(new_state.obs_stats.count) == 2 * T * N  # merged once either way
+    assert abs(kls[False]) < 1e-7
+    assert kls[True] > 1e-6
 
 
 def test_learning_rate_at_hand_values():

@@ -57,6 +57,9 @@ ACTIVATIONS: tuple[str, ...] = get_args(ActivationName)
 WeightInitName = Literal["orthogonal", "lecun"]
 WEIGHT_INITS: tuple[str, ...] = get_args(WeightInitName)
 
+StatsUpdateName = Literal["after_sgd", "before_sgd"]
+STATS_UPDATES: tuple[str, ...] = get_args(StatsUpdateName)
+
 FullPolicyName = Literal["overwrite_oldest", "block"]
 FULL_POLICIES: tuple[str, ...] = get_args(FullPolicyName)
 
@@ -99,17 +102,19 @@ class RolloutConfig:
     num_steps: int = 64
     """Steps per environment in one rollout (the trajectory length T)."""
     normalize_obs: bool = True
-    """Normalise observations with running mean/std statistics kept in the train state."""
+    """Normalise observations with running mean/std statistics: part of the policy, owned by the learner (trajectories carry raw observations; samplers act with their snapshot's statistics)."""
     obs_clip: float = 10.0
     """Normalised observations are clipped to [-obs_clip, obs_clip]."""
     reward_scale: float = 0.1
     """Rewards are multiplied by this before GAE (returns reported are unscaled); after normalize_reward when that is on."""
     normalize_reward: bool = False
-    """Divide rewards by the running std of the discounted return (ppo.gamma), as baselines' VecNormalize, CleanRL and SB3 do; the statistics live in the train state and samplers use their snapshot's."""
+    """Divide rewards by the running std of the discounted return (ppo.gamma), as baselines' VecNormalize, CleanRL and SB3 do; trajectories carry raw rewards and the learner scales each batch with its own statistics."""
     reward_clip: float = 10.0
     """Normalised rewards are clipped to [-reward_clip, reward_clip] (normalize_reward only)."""
     clip_actions: bool = True
     """Clip continuous actions to the env's bounds before stepping (the stored action is unclipped)."""
+    stats_update: StatsUpdateName = "after_sgd"
+    """When the learner merges a consumed batch's moments into its normalisation statistics: after_sgd (the batch is normalised with the statistics its learner version had, which samplers of that version acted with: at lag 0 the ratio starts at exactly 1; Brax's order) or before_sgd (with statistics that include the batch; Sample Factory's order)."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "rollout.")
@@ -120,6 +125,9 @@ class RolloutConfig:
         _check_positive("rollout.reward_clip", self.reward_clip)
         if not self.normalize_reward and self.reward_clip != type(self).__dataclass_fields__["reward_clip"].default:
             _inert("rollout.reward_clip", self.reward_clip, "rewards are not normalised (rollout.normalize_reward = False)")
+        if not (self.normalize_obs or self.normalize_reward) and self.stats_update != "after_sgd":
+            _inert("rollout.stats_update", self.stats_update,
+                   "nothing is normalised (rollout.normalize_obs and rollout.normalize_reward are False)")
 
 @dataclass(frozen=True)
 class PPOConfig:

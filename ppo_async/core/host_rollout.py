@@ -10,7 +10,7 @@ interface; `make_host_env` is the one place that maps a family to its class.
 `(snapshot, env_state, key) -> (env_state, Trajectory)`: per step one jitted policy call on
 the sampler's device (`act`: normalise, sample, log-prob, distribution parameters) and one
 host step of the simulator; after T steps one jitted `assemble` builds the `Trajectory`
-(normalised observations, behaviour log-probs and distributions, `policy_version`, the
+(raw observations and rewards, behaviour log-probs and distributions, `policy_version`, the
 observation reached at a time limit for bootstrapping, episode statistics, observation
 moments, non-finite count) exactly as `rollout.rollout` does for JAX envs. The simulator's
 own speed is the sampler's latency; `threaded.sampler_step_latency_ms` still adds to it.
@@ -73,18 +73,18 @@ def assemble(
     """
     num_steps, num_envs = reward.shape
     transitions = Transition(
-        obs=ctx.policy_input(snapshot, raw_obs),
+        obs=jnp.asarray(raw_obs, jnp.float32),
         action=action,
-        reward=ctx.learner_reward(snapshot, reward),
+        reward=jnp.asarray(reward, jnp.float32),
         terminated=terminated,
         truncated=truncated,
-        final_obs=ctx.policy_input(snapshot, final_obs),
+        final_obs=jnp.asarray(final_obs, jnp.float32),
         behavior_log_prob=behavior_log_prob,
         behavior_dist=behavior_dist,
         policy_version=jnp.full((num_steps, num_envs), snapshot.version, jnp.int32),
     )
     stats = rollout_stats(ctx, raw_obs, reward, discounted, finished_return, finished_length)
-    return Trajectory(transitions=transitions, last_obs=ctx.policy_input(snapshot, last_obs), stats=stats)
+    return Trajectory(transitions=transitions, last_obs=jnp.asarray(last_obs, jnp.float32), stats=stats)
 
 @dataclass(frozen=True)
 class HostRollout:

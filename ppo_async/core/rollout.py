@@ -1,9 +1,12 @@
 """Pure rollout: `lax.scan` over T steps of N vmapped envs acting with one policy snapshot.
 
 `rollout(ctx, snapshot, env_state, key) -> (env_state, Trajectory)` is jittable and has no
-side effects. Every stored transition carries the behaviour policy's log-prob, its
-distribution parameters and its `policy_version`, so a learner that consumes it later
-(asynchronously) computes exact importance ratios.
+side effects. The snapshot acts on observations normalised with its own statistics, but the
+trajectory stores **raw** observations and rewards: normalisation belongs to the policy, and
+the learner applies its own statistics at learn time (`core.learner.update.learner_view`).
+Every stored transition carries the behaviour policy's log-prob, its distribution parameters
+and its `policy_version`, so a learner that consumes it later (asynchronously) computes exact
+importance ratios of the whole policy (parameters and statistics).
 """
 
 from __future__ import annotations
@@ -47,13 +50,6 @@ class RolloutContext:
             snapshot.obs_stats, raw_obs, self.config.obs_clip, self.config.normalize_obs
         )
 
-    def learner_reward(self, snapshot: PolicySnapshot, reward: chex.Array) -> chex.Array:
-        """Env rewards `[...]` -> the rewards stored for the learner: divided by the snapshot's
-        running std of the discounted return when `config.normalize_reward`, else as they are."""
-        if not self.config.normalize_reward:
-            return reward
-        return normalization.normalize_reward(snapshot.reward_stats, reward, self.config.reward_clip)
-
     def return_step(self, running_return: chex.Array, reward: chex.Array, done: chex.Array) -> tuple[chex.Array, chex.Array]:
         """`normalization.discounted_return_step` at this context's gamma (0 when unused: the
         carry then stays 0 and the moments are never read)."""
@@ -80,12 +76,12 @@ def rollout_step(
     discounted, running_return = ctx.return_step(env_state.discounted_return, step.reward, done)
     next_state = next_state._replace(discounted_return=running_return)
     transition = Transition(
-        obs=obs,
+        obs=env_state.obs,
         action=action,
-        reward=ctx.learner_reward(snapshot, step.reward),
+        reward=step.reward,
         terminated=step.terminated,
         truncated=step.truncated,
-        final_obs=ctx.policy_input(snapshot, step.final_obs),
+        final_obs=step.final_obs,
         behavior_log_prob=behavior_log_prob,
         behavior_dist=dist,
         policy_version=jnp.full((num_envs,), snapshot.version, jnp.int32),
@@ -118,7 +114,7 @@ def rollout(
     stats = rollout_stats(ctx, raw_obs, raw_reward, discounted, finished_return, finished_length)
     trajectory = Trajectory(
         transitions=transitions,
-        last_obs=ctx.policy_input(snapshot, env_state.obs),
+        last_obs=env_state.obs,
         stats=stats,
     )
     return env_state, trajectory

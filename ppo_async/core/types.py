@@ -42,18 +42,19 @@ class RunningMeanStd(NamedTuple):
 class Transition(NamedTuple):
     """One step of N envs, stacked to `[T, N, ...]` by a rollout.
 
-    `obs` is the observation as the behaviour policy saw it (normalised with the snapshot's
-    statistics), so importance ratios are exact. A time-limit truncation keeps the
-    observation reached in `final_obs` so the learner can bootstrap through it.
+    Observations and rewards are the env's own (raw): normalisation is part of the policy,
+    and the learner applies its own statistics to every batch (`learner_view`). The behaviour
+    log-prob is the one the sampler computed with its snapshot (parameters and statistics), so
+    the importance ratio covers the drift of the whole policy. A time-limit truncation keeps
+    the observation reached in `final_obs` so the learner can bootstrap through it.
     """
 
-    obs: chex.Array  # [T, N, O...] policy input at step t
+    obs: chex.Array  # [T, N, O...] raw observation acted on at step t
     action: chex.Array  # [T, N, A] float32 (unclipped sample) or [T, N] int32
-    reward: chex.Array  # [T, N] reward r_t as the learner uses it: the env's, divided by the snapshot's
-    #   running std of the discounted return when rollout.normalize_reward (the learner applies reward_scale)
+    reward: chex.Array  # [T, N] the env's reward r_t (the learner scales it: normalize_reward, reward_scale)
     terminated: chex.Array  # [T, N] bool: the MDP ended at step t (no bootstrap)
     truncated: chex.Array  # [T, N] bool: a time limit cut the episode at step t (bootstrap)
-    final_obs: chex.Array  # [T, N, O...] observation reached by step t, before any auto-reset
+    final_obs: chex.Array  # [T, N, O...] raw observation reached by step t, before any auto-reset
     behavior_log_prob: chex.Array  # [T, N] log pi_behaviour(a_t | s_t)
     behavior_dist: Any  # GaussianDist [T, N, A] or CategoricalDist [T, N, K]
     policy_version: chex.Array  # [T, N] int32 learner version of the behaviour params
@@ -74,7 +75,7 @@ class Trajectory(NamedTuple):
     """A rollout: transitions plus the observation after the last step."""
 
     transitions: Transition  # [T, N, ...]
-    last_obs: chex.Array  # [N, O...] normalised policy input of s_T
+    last_obs: chex.Array  # [N, O...] raw observation s_T
     stats: RolloutStats
 
 

@@ -38,6 +38,8 @@ from ppo_async.core.learner.diagnostics import (
     explained_variance,
 )
 from ppo_async.core.learner.update import (
+    updated_stats,
+    learner_view,
     compute_targets,
     ppo_loss,
     anchor_log_prob,
@@ -72,6 +74,8 @@ __all__ = [
     "iteration_metrics",
     "lag_metrics",
     "explained_variance",
+    "updated_stats",
+    "learner_view",
     "compute_targets",
     "ppo_loss",
     "anchor_log_prob",

@@ -38,7 +38,10 @@ class LearnerContext:
     axis_name: str | None = None  # data-parallel axis (pmap / shard_map) or None
     use_prox_ewma: bool = False  # the train state carries EWMA proximal params (ppo.prox_ewma set)
     sgd_slots: SgdSlots | None = None  # the SGD shape is traced in Hyperparams within these bounds
-    normalize_reward: bool = False  # merge consumed discounted-return moments into TrainState.reward_stats
+    normalize_reward: bool = False  # scale rewards by TrainState.reward_stats, merged from consumed discounted returns
+    obs_clip: float = 10.0  # normalised observations are clipped to [-obs_clip, obs_clip]
+    reward_clip: float = 10.0  # normalised rewards are clipped to [-reward_clip, reward_clip]
+    stats_before_sgd: bool = False  # rollout.stats_update = "before_sgd": merge the batch's moments before normalising it
 
     def optimizer(self) -> optax.GradientTransformationExtraArgs:
         """The optimiser: see `make_optimizer`."""
@@ -67,6 +70,9 @@ def make_learner_context(
         use_prox_ewma=ppo.prox_ewma is not None,
         sgd_slots=sgd_slots,
         normalize_reward=config.rollout.normalize_reward,
+        obs_clip=config.rollout.obs_clip,
+        reward_clip=config.rollout.reward_clip,
+        stats_before_sgd=config.rollout.stats_update == "before_sgd",
     )
 
 def init_train_state(ctx: LearnerContext, key: chex.PRNGKey, obs_shape: tuple[int, ...]) -> TrainState:

@@ -1,7 +1,8 @@
 """The PPO update: `ppo_update(ctx, state, trajectory, key, hparams) -> (state, metrics)`.
 
-One call is one learner iteration (version += 1): value bootstrap through time-limit
-truncations, GAE, then `num_epochs x num_minibatches` Adam steps on the PPO or dual-clip
+One call is one learner iteration (version += 1): the batch normalised with the learner's own
+statistics (`learner_view`; trajectories carry raw observations and rewards), value bootstrap
+through time-limit truncations, GAE, then `num_epochs x num_minibatches` Adam steps on the PPO or dual-clip
 objective. Hyperparameters that do not change shapes travel in `Hyperparams` as arrays, so
 one compiled update serves a whole sweep; shape-changing and structural options are static
 in `LearnerContext`. With `axis_name` set the update runs data-parallel under shard_map
@@ -21,11 +22,43 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from ppo_async.core import losses, networks, normalization
-from ppo_async.core.types import TrainState, Trajectory
+from ppo_async.core.types import RunningMeanStd, TrainState, Trajectory
 from ppo_async.core.learner.context import Batch, LearnerContext, learning_rate_at, sample_lag, stale_weight
 from ppo_async.core.learner.diagnostics import iteration_metrics, minibatch_diagnostics
 from ppo_async.core.learner.hyperparams import Hyperparams
 from ppo_async.core.learner.optimizer import with_step_hyperparams
+
+
+def updated_stats(
+    ctx: LearnerContext, obs_stats: RunningMeanStd, reward_stats: RunningMeanStd, trajectory: Trajectory
+) -> tuple[RunningMeanStd, RunningMeanStd]:
+    """The learner's normalisation statistics after consuming `trajectory`: its raw observation
+    moments and discounted-return moments merged in (Chan et al. 1979), each where that
+    normalisation is on. `trajectory.stats` describes the whole batch (replicated under data
+    parallelism), so every replica computes the same statistics."""
+    if ctx.normalize_obs:
+        obs_stats = normalization.merge_moments(obs_stats, trajectory.stats.obs_moments)
+    if ctx.normalize_reward:
+        reward_stats = normalization.merge_moments(reward_stats, trajectory.stats.return_moments)
+    return obs_stats, reward_stats
+
+
+def learner_view(ctx: LearnerContext, trajectory: Trajectory, obs_stats: RunningMeanStd,
+                 reward_stats: RunningMeanStd) -> Trajectory:
+    """A raw trajectory `[T, N, ...]` as the learner's policy sees it: observations (acted on,
+    reached at a time limit, after the last step) normalised with `obs_stats`, rewards divided
+    by the running std of the discounted return in `reward_stats` (each where that
+    normalisation is on, clipped as configured). Behaviour log-probs stay the sampler's, so
+    the importance ratio covers the whole policy's drift: parameters and statistics (the
+    learner-owned normalisation of Sample Factory and SEED RL)."""
+    norm_obs = lambda x: normalization.normalize_obs(obs_stats, x, ctx.obs_clip, ctx.normalize_obs)  # noqa: E731
+    tr = trajectory.transitions
+    transitions = tr._replace(
+        obs=norm_obs(tr.obs),
+        final_obs=norm_obs(tr.final_obs),
+        reward=normalization.normalize_reward(reward_stats, tr.reward, ctx.reward_clip, ctx.normalize_reward),
+    )
+    return trajectory._replace(transitions=transitions, last_obs=norm_obs(trajectory.last_obs))
 
 
 def compute_targets(
@@ -35,7 +68,8 @@ def compute_targets(
     hparams: Hyperparams,
     lag: chex.Array,
 ) -> Batch:
-    """Values, truncation bootstrap and advantages for one trajectory; flattened to `[T * N, ...]`.
+    """Values, truncation bootstrap and advantages for one trajectory as the learner sees it
+    (`learner_view`: normalised observations and rewards); flattened to `[T * N, ...]`.
 
     Values are recomputed with the learner's current params (fresher than the behaviour's).
     A time-limit truncation at step t (not a termination) contributes
@@ -279,6 +313,11 @@ def ppo_update(
     Samples with lag > `hparams.max_lag` are dropped (weight 0) and counted. If every sample
     is dropped, the state is returned unchanged (no version bump, no Adam step).
 
+    The batch is normalised with the learner's statistics (`learner_view`): those of its
+    version (`rollout.stats_update = "after_sgd"`, then merged with the batch's moments after
+    the SGD steps) or already merged with them (`"before_sgd"`). Either way the new version's
+    parameters and statistics travel to samplers together (`snapshot_of`).
+
     Args:
       ctx: static learner context.
       state: the learner's `TrainState`.
@@ -293,7 +332,9 @@ def ppo_update(
       `kl_per_lag` / `clip_fraction_per_lag` (NaN where no sample had that lag).
     """
     lag = sample_lag(trajectory, state.version)
-    batch = compute_targets(ctx, state.params, trajectory, hparams, lag)
+    obs_stats, reward_stats = updated_stats(ctx, state.obs_stats, state.reward_stats, trajectory)
+    view_stats = (obs_stats, reward_stats) if ctx.stats_before_sgd else (state.obs_stats, state.reward_stats)
+    batch = compute_targets(ctx, state.params, learner_view(ctx, trajectory, *view_stats), hparams, lag)
     learning_rate = learning_rate_at(ctx, hparams, state.version)
     every = jnp.maximum(hparams.value_update_every.astype(jnp.int32), 1)
     value_flag = (state.version % every == 0).astype(jnp.float32)
@@ -309,13 +350,6 @@ def ppo_update(
     metrics["learning_rate"] = learning_rate
     metrics["value_updated"] = value_flag
 
-    obs_stats = state.obs_stats
-    if ctx.normalize_obs:
-        # `trajectory.stats` describes the whole rollout (replicated under data parallelism).
-        obs_stats = normalization.merge_moments(obs_stats, trajectory.stats.obs_moments)
-    reward_stats = state.reward_stats
-    if ctx.normalize_reward:
-        reward_stats = normalization.merge_moments(reward_stats, trajectory.stats.return_moments)
     consumed = metrics.pop("consumed")
     new_state = TrainState(
         params=params,
