@@ -6,6 +6,7 @@ against numbers computed by hand; one-line errors; the command's help."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 import json
 import os
 import shutil
@@ -175,9 +176,9 @@ def test_reach_ratio_by_hand():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(suite="atari"), "suite = 'atari' is not a benchmark suite (mujoco, dmc, classic)"),
+    (dict(suite="atari"), "suite = 'atari' is not a benchmark suite (mujoco, mujoco-slow, dmc, classic)"),
     (dict(suite="mujoco", modes=["sync"]), "mode 'sync' cannot run env 'gymnasium/HalfCheetah-v5'"),
-    (dict(suite="classic", modes=["fast"]), "modes: 'fast' is not a benchmark mode (sync, barrier, async)"),
+    (dict(suite="classic", modes=["fast"]), "modes: 'fast' is not a benchmark mode (sync, barrier, async-ppo, async)"),
     (dict(suite="classic", envs=["Pong"]), "envs: 'Pong' is not in suite 'classic'"),
     (dict(suite="classic", seeds=0), "seeds = 0 is invalid: must be an integer >= 1"),
     (dict(suite="classic", changes={"seed": 3}), "seed is set by the benchmark itself"),
@@ -191,8 +192,8 @@ def test_bad_arguments_are_one_line_errors(kwargs, message):
 
 def test_plan_defaults_and_run_configs():
     plan = bm.resolve_plan("mujoco")
-    assert plan.modes == ("barrier", "async") and plan.total_env_steps == 1_000_000 and plan.eval_every_steps == 100_000
-    assert bm.resolve_plan("classic").modes == ("sync", "barrier", "async")
+    assert plan.modes == ("barrier", "async-ppo", "async") and plan.total_env_steps == 1_000_000 and plan.eval_every_steps == 100_000
+    assert bm.resolve_plan("classic").modes == ("sync", "barrier", "async-ppo", "async")
     config = bm.run_config(plan, "gymnasium/Hopper-v5", "async", 3, "somewhere")
     preset = pa.config_for_env("gymnasium/Hopper-v5", {"mode": "threaded"})
     assert (config.mode, config.threaded.num_samplers, config.seed) == ("threaded", 4, 3)
@@ -204,6 +205,40 @@ def test_plan_defaults_and_run_configs():
     assert config.batch_size == barrier.batch_size == 2048 and barrier.ppo == preset.ppo
     assert config.eval_every == round(100_000 / config.batch_size) and config.checkpoint_every == 0  # not resumable
     assert bm.checkpoint_of(config.num_iterations, config.eval_every, config.num_iterations, 100_000, 1_000_000) == 1_000_000
+
+
+def test_modes_are_data_each_its_parent_plus_what_it_changes():
+    """barrier -> async-ppo changes the lag (the same envs in as many chunks, no barrier);
+    async-ppo -> async changes the objective alone; the CLI's choices are the modes."""
+    from ppo_async.cli.benchmark import ModeChoice
+
+    assert tuple(bm.MODES) == typing.get_args(ModeChoice) == tuple(bm.MODE_DEFS)
+    assert bm.ASYNC_MODES == ("async-ppo", "async")
+    assert bm.MODE_DEFS["async"].parent == "async-ppo" and dict(bm.MODE_DEFS["async"].changes) == {"ppo.objective": "decoupled"}
+    assert bm.MODES["async"] == {**bm.MODES["async-ppo"], "ppo.objective": "decoupled"}
+    assert bm.MODES["async-ppo"] == {**bm.MODES["barrier"], "threaded.barrier": False, "threaded.num_samplers": 4,
+                                     "threaded.chunks_per_batch": 4}
+    plan = bm.resolve_plan("mujoco", envs=["gymnasium/Hopper-v5"])
+    configs = {m: bm.run_config(plan, "gymnasium/Hopper-v5", m, 0, None) for m in plan.modes}
+    assert configs["async"] == configs["async-ppo"].replace(ppo=dataclasses.replace(configs["async-ppo"].ppo, objective="decoupled"))
+    assert configs["async-ppo"].ppo == configs["barrier"].ppo  # PPO's clip, as barrier
+    assert {m: c.batch_size for m, c in configs.items()} == {"barrier": 2048, "async-ppo": 2048, "async": 2048}
+
+
+def test_the_slow_simulator_suite_is_the_articles_regime_for_every_mode():
+    """mujoco-slow: 8 samplers sharing the preset's 16 envs, each env step +5 ms, the last 4x
+    slower; barrier waits for all 8 chunks, the async modes take a batch of 8 chunks."""
+    plan = bm.resolve_plan("mujoco-slow", envs=["gymnasium/Walker2d-v5"], seeds=1)
+    assert plan.modes == ("barrier", "async-ppo", "async") and plan.total_env_steps == 1_000_000
+    configs = {m: bm.run_config(plan, "gymnasium/Walker2d-v5", m, 0, None) for m in plan.modes}
+    for mode, config in configs.items():
+        t = config.threaded
+        assert (t.num_samplers, config.rollout.num_envs, config.batch_size) == (8, 2, 2048), mode
+        assert t.sampler_step_latency_ms == (5.0,) * 7 + (20.0,), mode
+        assert t.barrier == (mode == "barrier")
+    assert configs["async"].threaded.chunks_per_batch == configs["async-ppo"].threaded.chunks_per_batch == 8
+    same = {m: c.replace(threaded=configs["barrier"].threaded, ppo=configs["barrier"].ppo) for m, c in configs.items()}
+    assert same["async"] == same["async-ppo"] == same["barrier"]  # nothing else differs
 
 
 def test_async_needs_envs_its_samplers_can_share():

@@ -11,7 +11,7 @@ import tyro
 
 from ppo_async.config import parse_assignments
 
-ModeChoice = Literal["sync", "barrier", "async"]
+ModeChoice = Literal["sync", "barrier", "async-ppo", "async"]  # study.benchmark.MODES (a test keeps them equal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +23,7 @@ class BenchmarkCommand:
     the same options to resume: finished runs are skipped."""
 
     suite: Annotated[str, tyro.conf.arg(metavar="NAME")] = "mujoco"
-    """The suite: mujoco (gymnasium HalfCheetah, Hopper, Walker2d, Ant; 1M steps), dmc (playground), classic (gymnax)."""
+    """The suite: mujoco (gymnasium HalfCheetah, Hopper, Walker2d, Ant; 1M steps), mujoco-slow (the same in the article's slow-simulator regime: 8 samplers, +5 ms per env step, one 4x slower), dmc (playground), classic (gymnax)."""
     seeds: Annotated[int, tyro.conf.arg(metavar="N")] = 5
     """Runs per env x mode (seeds 0 .. N-1)."""
     out: Annotated[str, tyro.conf.arg(metavar="DIR")] = "runs/benchmark"
@@ -33,7 +33,7 @@ class BenchmarkCommand:
     total_env_steps: Annotated[int | None, tyro.conf.arg(metavar="N", help_behavior_hint="(default: the suite's budget)")] = None
     """Env steps per run."""
     modes: Annotated[tuple[ModeChoice, ...] | None, tyro.conf.arg(metavar="MODE", help_behavior_hint="(default: those every env can run)")] = None
-    """Modes: sync (JAX envs only), barrier (threaded, lag 0), async (threaded, 4 samplers)."""
+    """Modes: sync (JAX envs only), barrier (threaded, lag 0), async-ppo (threaded, 4 samplers, PPO's clip), async (async-ppo with decoupled PPO)."""
     eval_every_steps: Annotated[int | None, tyro.conf.arg(metavar="N", help_behavior_hint="(default: the suite's, 100k for mujoco)")] = None
     """Env steps between evaluations of the deterministic policy."""
     eval_episodes: Annotated[int, tyro.conf.arg(metavar="N")] = 10

@@ -6,7 +6,9 @@ report against published reference figures (`pa.benchmark`, `python -m ppo_async
     report("runs/bench")                                     # report.md + plots again, from results.csv
 
 Every run's config is `config_for_env(env)` (the preset `train --env` uses) plus the mode's fields
-(`MODES`; async also shares the preset's envs among its samplers: `share_envs`), the seed, the budget, the evaluation cadence and its run directory - nothing else. A
+(`MODES`, data in `MODE_DEFS`: each mode is its parent plus the fields it changes) and the suite's
+fields for that mode (`Suite.mode_fields`), the samplers of a threaded mode sharing the preset's
+envs (`share_envs`), the seed, the budget, the evaluation cadence and its run directory - nothing else. A
 run evaluates the learner's deterministic policy every `eval_every_steps` env steps (converted
 to whole learner iterations: `Config.eval_every`) and after its last iteration, over
 `eval_episodes` episodes, and appends one row per evaluation to OUT/results.csv (`COLUMNS`).
@@ -57,41 +59,92 @@ from ppo_async.study.manifest import Manifest, write_json
 
 
 class Suite(NamedTuple):
-    """A benchmark suite: its envs, budget (env steps per run) and evaluation cadence."""
+    """A benchmark suite: its envs, budget (env steps per run) and evaluation cadence, and the
+    dotted fields it sets over a mode's own (`mode_fields`: mode name -> fields, e.g. the
+    samplers and their simulated latency of a slow-simulator suite)."""
 
     envs: tuple[str, ...]
     total_env_steps: int
     eval_every_steps: int
     note: str
+    mode_fields: Mapping[str, Mapping[str, Any]] = {}
 
+
+MUJOCO_ENVS = ("gymnasium/HalfCheetah-v5", "gymnasium/Hopper-v5", "gymnasium/Walker2d-v5", "gymnasium/Ant-v5")
+
+SLOW_SAMPLERS = 8
+SLOW_STEP_MS = 5.0
+SLOW_STRAGGLER = 4.0
+SLOW_SIMULATORS = {"threaded.num_samplers": SLOW_SAMPLERS,
+                   "threaded.sampler_step_latency_ms": [SLOW_STEP_MS] * (SLOW_SAMPLERS - 1) + [SLOW_STEP_MS * SLOW_STRAGGLER]}
+"""The article's regime (its section 4.1: 8 CPU samplers, ~5 ms per env step, a simulator slower
+than the learner; section 1.2: heterogeneous workers): 8 samplers, each vector step +5 ms, the
+last sampler 4x slower (+20 ms)."""
 
 SUITES: dict[str, Suite] = {
-    "mujoco": Suite(("gymnasium/HalfCheetah-v5", "gymnasium/Hopper-v5", "gymnasium/Walker2d-v5", "gymnasium/Ant-v5"),
-                    1_000_000, 100_000, "Gymnasium MuJoCo at CleanRL's budget (host-side envs: threaded modes only)"),
+    "mujoco": Suite(MUJOCO_ENVS, 1_000_000, 100_000,
+                    "Gymnasium MuJoCo at CleanRL's budget (host-side envs: threaded modes only)"),
+    "mujoco-slow": Suite(
+        MUJOCO_ENVS, 1_000_000, 100_000,
+        f"the mujoco suite in the article's slow-simulator regime: {SLOW_SAMPLERS} samplers share the preset's envs, "
+        f"each env step +{SLOW_STEP_MS:g} ms, one sampler {SLOW_STRAGGLER:g}x slower; barrier waits for all "
+        f"{SLOW_SAMPLERS} every batch, async takes a batch of {SLOW_SAMPLERS} chunks from whoever delivers",
+        mode_fields={"barrier": SLOW_SIMULATORS,
+                     "async-ppo": {**SLOW_SIMULATORS, "threaded.chunks_per_batch": SLOW_SAMPLERS},
+                     "async": {**SLOW_SIMULATORS, "threaded.chunks_per_batch": SLOW_SAMPLERS}},
+    ),
     "dmc": Suite(("playground/CartpoleBalance", "playground/CartpoleSwingup", "playground/CheetahRun"),
                  1_000_000, 100_000, "DM Control tasks on MuJoCo Playground (JAX physics); CartpoleBalance and "
                  "CheetahRun are measured to learn on a 2-core CPU (README), CartpoleSwingup is the same model"),
     "classic": Suite(("Pendulum-v1", "CartPole-v1", "Acrobot-v1"), 300_000, 30_000,
                      "gymnax classic control: small budgets, every mode"),
 }
-"""The suites (data): name -> envs, env steps per run, default evaluation cadence."""
+"""The suites (data): name -> envs, env steps per run, default evaluation cadence, per-mode fields."""
 
-MODES: dict[str, dict[str, Any]] = {
-    "sync": {"mode": "sync"},
-    # one sampler: the learner batch (one rollout chunk) and updates per env step equal sync's and
-    # async's, so barrier differs from async by the lag alone (N barrier samplers = N-chunk batches)
-    "barrier": {"mode": "threaded", "threaded.barrier": True, "threaded.num_samplers": 1},
-    # four samplers share the preset's envs (each steps num_envs / 4) and a learner batch takes one
-    # chunk from each, so a batch holds barrier's env steps at a lag of ~1 version instead of ~4;
-    # decoupled PPO (Hilton et al. 2021) clips against the learner's own recent policy, not the
-    # stale behaviour one. Measured on Hopper-v5 seed 0 at 1M (issue 26 note): 4 x 16 envs, one
-    # chunk per batch, plain PPO: train 1,055 / eval 1,071; shared envs + decoupled: 2,307 / 3,251
-    "async": {"mode": "threaded", "threaded.num_samplers": 4, "threaded.chunks_per_batch": 4, "ppo.objective": "decoupled"},
+
+class BenchmarkMode(NamedTuple):
+    """A benchmark mode as data: its parent mode (None for a root) and the dotted config fields
+    it changes over the parent's, with why. A mode's fields are its parent's updated by its own
+    (`mode_fields`), so each mode differs from its parent by what `changes` names."""
+
+    parent: str | None
+    changes: Mapping[str, Any]
+    why: str
+
+
+MODE_DEFS: dict[str, BenchmarkMode] = {
+    "sync": BenchmarkMode(None, {"mode": "sync"}, "one jitted program, strictly on-policy (JAX envs only)"),
+    "barrier": BenchmarkMode(None, {"mode": "threaded", "threaded.barrier": True, "threaded.num_samplers": 1},
+                             "threaded, lag 0: the learner waits for every sampler's chunk of each batch"),
+    # Four samplers share the preset's envs (each steps num_envs / 4) and a learner batch takes one
+    # chunk from each, so a batch holds barrier's env steps at a lag of ~1 version instead of ~4.
+    # The same samplers behind a barrier learn as barrier does (ablation async+lag_0, Hopper 2,811
+    # against 2,503): what this mode changes is the lag.
+    "async-ppo": BenchmarkMode("barrier", {"threaded.barrier": False, "threaded.num_samplers": 4,
+                                           "threaded.chunks_per_batch": 4},
+                               "barrier's samplers without the barrier: lag ~1, PPO's clip around the behaviour policy"),
+    # Decoupled PPO (Hilton et al. 2021) clips against the learner's own recent policy, not the
+    # stale behaviour one.
+    "async": BenchmarkMode("async-ppo", {"ppo.objective": "decoupled"},
+                           "async-ppo with the decoupled objective (the clip around the proximal policy); the "
+                           "default async mode: the label of every committed async run (benchmark, ablation)"),
 }
-"""The benchmark modes (data): name -> the dotted config fields it sets over the env's preset."""
+"""The benchmark modes (data): name -> parent and the fields it changes. `async` keeps the meaning
+every committed result gives it (decoupled PPO at lag ~1); `async-ppo` is the same samplers with
+PPO's own clip, so the two async modes separate the cost of lag from its correction."""
 
-SHARED_ENVS_MODES = ("async",)
-"""Modes whose samplers share the preset's rollout.num_envs among them (`share_envs`)."""
+
+def mode_fields(name: str) -> dict[str, Any]:
+    """The dotted config fields of benchmark mode `name`: its parent's, updated by its own."""
+    mode = MODE_DEFS[name]
+    return {**(mode_fields(mode.parent) if mode.parent else {}), **mode.changes}
+
+
+MODES: dict[str, dict[str, Any]] = {name: mode_fields(name) for name in MODE_DEFS}
+"""The benchmark modes' fields over the env's preset (`mode_fields` of each `MODE_DEFS` entry)."""
+
+ASYNC_MODES = tuple(name for name, fields in MODES.items() if fields.get("threaded.barrier") is False)
+"""The modes compared with barrier in the report (threaded, no barrier)."""
 
 JAX_ONLY_MODES = ("sync",)  # one jitted program: the env must step inside jit (not gymnasium/*)
 RESULTS_FILE = "results.csv"
@@ -211,13 +264,15 @@ def run_dir_of(out: str, env: str, mode: str, seed: int, runs_dir: str | None = 
 
 
 def run_config(plan: Plan, env: str, mode: str, seed: int, run_dir: str | None) -> Config:
-    """The config of one run: the env's preset, the mode's fields, seed, budget, run_dir; then
+    """The config of one run: the env's preset, the mode's fields (with the suite's for that
+    mode), the plan's changes, seed, budget, run_dir; the preset's envs shared among the
+    samplers of a threaded mode (`share_envs`); then
     evaluation every `eval_every_steps` (whole iterations) and a checkpoint at each evaluation
     for the modes that can resume."""
-    changes = {**MODES[mode], **dict(plan.changes), "seed": seed, "total_env_steps": plan.total_env_steps,
-               "run_dir": run_dir}
+    changes = {**MODES[mode], **SUITES[plan.suite].mode_fields.get(mode, {}), **dict(plan.changes), "seed": seed,
+               "total_env_steps": plan.total_env_steps, "run_dir": run_dir}
     config = config_for_env(env, changes)
-    if mode in SHARED_ENVS_MODES:
+    if config.mode == "threaded":
         config = share_envs(config)
     every = eval_iterations(plan.eval_every_steps, config.batch_size)
     checkpoint_every = every if run_dir is not None and get_mode(config.mode).resumable else 0
@@ -227,10 +282,10 @@ def run_config(plan: Plan, env: str, mode: str, seed: int, run_dir: str | None) 
 def share_envs(config: Config) -> Config:
     """`config` with its `rollout.num_envs` shared among its `threaded.num_samplers` samplers
     (each steps num_envs / num_samplers envs), so that N samplers step as many envs in all as
-    one sampler of the preset; a ConfigError when they do not divide."""
+    one sampler of the preset (1 sampler: unchanged); a ConfigError when they do not divide."""
     samplers = config.threaded.num_samplers
     if config.rollout.num_envs % samplers:
-        raise ConfigError(f"rollout.num_envs = {config.rollout.num_envs} is invalid: the async benchmark mode shares "
+        raise ConfigError(f"rollout.num_envs = {config.rollout.num_envs} is invalid: the benchmark's threaded modes share "
                           f"the envs among its {samplers} samplers, so it must be a multiple of {samplers}")
     return replace_paths(config, {"rollout.num_envs": config.rollout.num_envs // samplers})
 
@@ -685,25 +740,28 @@ def interval(func: Callable[..., float], matrices: Sequence[np.ndarray], reps: i
 def aggregate(final: pd.DataFrame, references: Mapping[str, float], reps: int = BOOTSTRAP_REPS) -> dict[str, Any]:
     """Aggregate scores across envs of the final evaluations (Agarwal et al. 2021, via
     `rliable.metrics`): per mode the IQM of normalised scores [runs, tasks] (the mean of the
-    middle 50%, `aggregate_iqm`) with its 95% CI; and P(async > barrier) (`probability_of_improvement`:
-    per env the Mann-Whitney probability that an async seed beats a barrier seed, averaged over
-    envs) with its CI, when both modes ran. Returns {"tasks", "runs", "iqm": {mode: (value, low,
-    high)}, "improvement": (value, low, high) or None, "ci_method"}."""
+    middle 50%, `aggregate_iqm`) with its 95% CI; and for each async mode that ran beside barrier
+    P(mode > barrier) (`probability_of_improvement`: per env the Mann-Whitney probability that
+    its seed beats a barrier seed, averaged over envs) with its CI. Returns {"tasks", "runs",
+    "iqm": {mode: (value, low, high)}, "improvement": (value, low, high) of `async` or None,
+    "improvements": {mode: (value, low, high)}, "ci_method"}."""
     from rliable import metrics
 
     modes = [m for m in MODES if m in set(final["mode"])]
     tasks, matrices = score_matrices(final, references, modes)
-    result: dict[str, Any] = {"tasks": tasks, "runs": 0, "iqm": {}, "improvement": None, "ci_method": ""}
+    result: dict[str, Any] = {"tasks": tasks, "runs": 0, "iqm": {}, "improvement": None, "improvements": {},
+                              "ci_method": ""}
     if not tasks or not len(next(iter(matrices.values()))):
         return result
     result["runs"] = int(next(iter(matrices.values())).shape[0])
     for mode, matrix in matrices.items():
         ci, result["ci_method"] = interval(metrics.aggregate_iqm, [matrix], reps)
         result["iqm"][mode] = (float(metrics.aggregate_iqm(matrix)), *ci)
-    if "async" in matrices and "barrier" in matrices:
-        pair = [matrices["async"], matrices["barrier"]]
+    for mode in (m for m in ASYNC_MODES if m in matrices and "barrier" in matrices):
+        pair = [matrices[mode], matrices["barrier"]]
         ci, _ = interval(metrics.probability_of_improvement, pair, reps)
-        result["improvement"] = (float(metrics.probability_of_improvement(*pair)), *ci)
+        result["improvements"][mode] = (float(metrics.probability_of_improvement(*pair)), *ci)
+    result["improvement"] = result["improvements"].get("async")
     return result
 
 
@@ -748,14 +806,15 @@ def plot_learning_curves(table: pd.DataFrame, references: Sequence[Mapping[str, 
 
 def plot_wall_clock(table: pd.DataFrame, path: str) -> str | None:
     """return_vs_wall_clock.png: per env, mean return vs mean wall seconds at each checkpoint for
-    barrier and async (the band: 95% bootstrap CI over seeds); None when neither ran."""
-    part = table[table["mode"].isin(["barrier", "async"])]
+    barrier and each async mode (the band: 95% bootstrap CI over seeds); None when none ran."""
+    compared = ("barrier", *ASYNC_MODES)
+    part = table[table["mode"].isin(compared)]
     if part.empty:
         return None
     envs = sorted(part["env"].unique())
     fig, axes = _figure(len(envs))
     for ax, env in zip(axes, envs):
-        for mode in ("barrier", "async"):
+        for mode in compared:
             curve = part[(part["env"] == env) & (part["mode"] == mode)].sort_values("checkpoint")
             if not curve.empty:
                 ax.plot(curve["wall_s"], curve["mean"], marker="o", ms=3, label=mode)
@@ -844,30 +903,37 @@ def reach_ratio(barrier: pd.DataFrame, asynchronous: pd.DataFrame) -> float:
 
 
 def barrier_async_section(table: pd.DataFrame) -> list[str]:
-    """report.md: per env, async's final return against barrier's 95% CI (the same env steps),
-    and the wall-clock ratio of reaching barrier's final return (`reach_ratio`)."""
+    """report.md: per env and async mode, its final return against barrier's 95% CI (the same
+    env steps), and the wall-clock ratio of reaching barrier's final return (`reach_ratio`);
+    then what each async mode changes over its parent (`MODE_DEFS`)."""
     rows = []
     for env in sorted(table["env"].unique()):
         part = table[table["env"] == env].sort_values("checkpoint")
-        barrier, asynchronous = part[part["mode"] == "barrier"], part[part["mode"] == "async"]
-        if barrier.empty or asynchronous.empty:
-            continue
-        b, a = barrier.iloc[-1], asynchronous.iloc[-1]
-        inside = "-" if not math.isfinite(b["ci_low"]) else ("yes" if b["ci_low"] <= a["mean"] <= b["ci_high"] else
-                                                              ("above" if a["mean"] > b["ci_high"] else "below"))
-        ratio = reach_ratio(barrier, asynchronous)
-        rows.append([env, _cell(b), _cell(a), inside, _fmt(ratio) if math.isfinite(ratio) else "not reached"])
+        barrier = part[part["mode"] == "barrier"]
+        for mode in ASYNC_MODES:
+            asynchronous = part[part["mode"] == mode]
+            if barrier.empty or asynchronous.empty:
+                continue
+            b, a = barrier.iloc[-1], asynchronous.iloc[-1]
+            inside = "-" if not math.isfinite(b["ci_low"]) else ("yes" if b["ci_low"] <= a["mean"] <= b["ci_high"] else
+                                                                  ("above" if a["mean"] > b["ci_high"] else "below"))
+            ratio = reach_ratio(barrier, asynchronous)
+            rows.append([env, mode, _cell(b), _cell(a), inside, _fmt(ratio) if math.isfinite(ratio) else "not reached"])
     if not rows:
         return []
+    ran = [m for m in ASYNC_MODES if m in set(table["mode"])]
+    defined = [f"`{m}` = `{MODE_DEFS[m].parent}` + {', '.join(f'{k} = {v}' for k, v in MODE_DEFS[m].changes.items())}: "
+               f"{MODE_DEFS[m].why}" for m in ran]
     return ["## Barrier vs async", "",
-            "Final evaluations; 'in barrier's CI': async's mean against barrier's 95% bootstrap CI at the same env "
-            "steps; 'wall to barrier's final': async's mean wall-clock to its first checkpoint at or above barrier's "
+            "Final evaluations; 'in barrier's CI': the async mode's mean against barrier's 95% bootstrap CI at the same "
+            "env steps; 'wall to barrier's final': its mean wall-clock to its first checkpoint at or above barrier's "
             "final mean return, over barrier's mean wall-clock (return_vs_wall_clock.png).", "",
-            *_markdown(["env", "barrier", "async", "async in barrier's CI", "wall to barrier's final"], rows), ""]
+            *_markdown(["env", "async mode", "barrier", "async", "async in barrier's CI", "wall to barrier's final"], rows),
+            "", *[f"- {line}" for line in defined], ""]
 
 
 def aggregate_section(agg: Mapping[str, Any], references: Mapping[str, float]) -> list[str]:
-    """report.md: IQM per mode and P(async > barrier), with how they were computed."""
+    """report.md: IQM per mode and P(mode > barrier) for each async mode, with how they were computed."""
     import importlib.metadata
 
     try:
@@ -883,9 +949,8 @@ def aggregate_section(agg: Mapping[str, Any], references: Mapping[str, float]) -
              f"{agg['ci_method'] or '-'}, {BOOTSTRAP_REPS} resamples.", ""]
     rows = [[m, _fmt(v[0]), f"[{_fmt(v[1])}, {_fmt(v[2])}]"] for m, v in agg["iqm"].items()]
     lines += _markdown(["mode", "IQM", "95% CI"], rows) + [""]
-    if agg["improvement"] is not None:
-        p, low, high = agg["improvement"]
-        lines += [f"P(async > barrier) = {p:.3f} [{low:.3f}, {high:.3f}]", ""]
+    for mode, (p, low, high) in agg.get("improvements", {}).items():
+        lines += [f"P({mode} > barrier) = {p:.3f} [{low:.3f}, {high:.3f}]", ""]
     return lines
 
 
