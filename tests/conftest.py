@@ -86,6 +86,27 @@ def sigkill_train_when(args: list[str], ready, timeout: float = 120) -> None:
     assert proc.returncode == -signal.SIGKILL
 
 
+TIME_SCALE_ENV = "PPO_ASYNC_TEST_TIME_SCALE"
+
+
+def time_scale() -> float:
+    """How much slower than on idle cores the tests may see things happen: the value of
+    PPO_ASYNC_TEST_TIME_SCALE when set, else 1 + the load per core when the test starts
+    (1-minute load average; a benchmark beside the suite on 2 cores: ~3). Tests assert events;
+    where a bound on a duration is the point (an error must reach the caller within seconds,
+    a process must not wait out a timeout) it is written for idle cores and multiplied by this."""
+    if os.environ.get(TIME_SCALE_ENV):
+        return float(os.environ[TIME_SCALE_ENV])
+    return 1.0 + os.getloadavg()[0] / (os.cpu_count() or 1)
+
+
+@pytest.fixture
+def time_bound():
+    """`time_bound(seconds)`: a bound written for idle cores, scaled by `time_scale()`."""
+    scale = time_scale()
+    return lambda seconds: seconds * scale
+
+
 @pytest.fixture(scope="module")
 def pendulum():
     from ppo_async import envs

@@ -126,8 +126,9 @@ def test_write_report(tmp_path):
 
 
 def busy_child(seconds: float) -> None:
-    """Runs a child process that spins for `seconds` of wall time, and waits for it."""
-    code = f"import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < {seconds}: pass\n"
+    """Runs a child process that spins until it has used `seconds` of CPU time (however loaded
+    the cores are), and waits for it."""
+    code = f"import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass\n"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -168,10 +168,10 @@ def test_put_timings_split_lock_space_and_write():
     threading.Timer(0.2, lambda: block.get(timeout=1.0)).start()
     waited: dict[str, float] = {}
     assert block.put(make_chunk(1), timeout=5.0, timings=waited)
-    assert waited["space_s"] >= 0.15 and waited["lock_s"] < 0.15
+    assert waited["space_s"] >= 0.15 and waited["lock_s"] < waited["space_s"]  # the wait was for space
     refused: dict[str, float] = {}
     assert block.put(make_chunk(2), timeout=0.1, timings=refused) is False  # full: timed out waiting for space
-    assert refused["space_s"] >= 0.08 and refused["write_s"] < 0.05
+    assert refused["space_s"] >= 0.08 and refused["write_s"] < refused["space_s"]  # nothing to write: it waited
 
 
 def test_get_on_empty_times_out():

@@ -192,13 +192,15 @@ class SlowKeyValueStore:
     slower than an iteration); thread-safe, blocking gets wake when the key is written."""
 
     def __init__(self, delay_s: float) -> None:
-        self.delay_s, self.values, self.calls = delay_s, {}, 0
+        self.delay_s, self.values, self.calls, self.callers = delay_s, {}, 0, {}
         self.changed = threading.Condition()
 
     def _call(self) -> None:
         time.sleep(self.delay_s)
         with self.changed:
             self.calls += 1
+            name = threading.current_thread().name
+            self.callers[name] = self.callers.get(name, 0) + 1
 
     def key_value_set(self, key: str, value: str) -> None:
         self._call()
@@ -240,25 +242,21 @@ def test_a_slow_key_value_store_is_on_no_process_iteration_path():
                 "dropped_overwritten": 0, "dropped_stale_total": 0, "sampler_id": 0, "behavior_version": i - 1,
                 "buffer_fill": 0.5, "lag_mean_local": 1.0, **{name: [1.0] for name in distributed.SAMPLER_COLUMNS}}
 
-    handover = []
-
     def process_1():
         for i in range(1, iterations + 1):
-            start = time.perf_counter()
             exchanges[1].iteration_rows(row(1, i), [], cfg(1), should_stop=lambda: False)
-            handover.append(time.perf_counter() - start)
             time.sleep(period)
         exchanges[1].mark_done()
 
-    sender = threading.Thread(target=process_1)
-    start = time.perf_counter()
+    sender = threading.Thread(target=process_1, name="process-1-iterations")
     sender.start()
     merged = [exchanges[0].iteration_rows(row(0, i), [], cfg(0), should_stop=lambda: False) for i in range(1, iterations + 1)]
-    gathered_s = time.perf_counter() - start
-    sender.join(10)
-    assert max(handover) < delay / 4, handover  # never waits on the store
-    assert gathered_s < iterations * period + 10 * delay, gathered_s  # not 40 calls of 0.2 s each
-    assert store.calls < iterations, store.calls  # batched
+    sender.join(60)
+    # events, not durations: process 1's iteration thread called the store once, to mark itself
+    # done after its last iteration (its summaries go through a thread of their own), and
+    # process 0 read them in batches
+    assert store.callers["process-1-iterations"] == 1, store.callers
+    assert store.calls < iterations, store.calls  # batched: not one 0.2 s call per iteration
     for i, (global_row, _) in enumerate(merged, start=1):
         assert global_row["iteration"] == i and global_row["process_samples_produced"] == [1024 * i, 1024 * i + 64]
         assert global_row["samples_produced"] == (global_row["samples_consumed"] + global_row["samples_dropped"]
@@ -357,7 +355,7 @@ def test_silence_watch_names_counters_that_stood_still_too_long():
     assert watch.update({1: "3", 2: "3"}, now=2.6) == {1}
 
 
-def test_process_0_leaves_after_a_failure_only_once_the_others_have_ended_or_gone_silent():
+def test_process_0_leaves_after_a_failure_only_once_the_others_have_ended_or_gone_silent(time_bound):
     """Process 0 hosts the coordination service the others learn of a failure through: it
     waits for them (ended, done, or a heartbeat that stood still), the others do not."""
     run = distributed.KEY_PREFIX + "run/"
@@ -366,7 +364,7 @@ def test_process_0_leaves_after_a_failure_only_once_the_others_have_ended_or_gon
     store = FakeKeyValueStore()
     t0 = time.monotonic()
     distributed.leave_after_failure("ValueError: boom", client=store, joined=layout(1))  # a peer: no wait
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < time_bound(distributed.LEAVE_GRACE_S)  # not even process 0's grace
     assert store.values[run + "failed/1"] == "ValueError: boom" and store.values[run + "ended/1"] == "1"
 
     store = FakeKeyValueStore()
@@ -378,13 +376,13 @@ def test_process_0_leaves_after_a_failure_only_once_the_others_have_ended_or_gon
     waited = time.monotonic() - t0
     assert store.values[run + "failed/0"] == "RuntimeError: learner" and store.values[run + "ended/0"] == "1"
     # process 1 ended at 0.8 s, process 2 went silent at 0.5 s (half the heartbeat timeout); then the grace
-    assert 0.8 + distributed.LEAVE_GRACE_S <= waited < 0.8 + distributed.LEAVE_GRACE_S + 1.0, waited
+    assert 0.8 + distributed.LEAVE_GRACE_S <= waited < 0.8 + distributed.LEAVE_GRACE_S + time_bound(1.0), waited
 
     store = FakeKeyValueStore()  # a peer the heartbeat watchdog declared dead is not waited for
     store.values[run + "dead/1"] = store.values[run + "dead/2"] = "1"
     t0 = time.monotonic()
     distributed.leave_after_failure("process 1 died", report=False, client=store, joined=layout(0))
-    assert time.monotonic() - t0 < distributed.LEAVE_GRACE_S + 0.3 and run + "failed/0" not in store.values
+    assert time.monotonic() - t0 < distributed.LEAVE_GRACE_S + time_bound(0.3) and run + "failed/0" not in store.values
 
     store = FakeKeyValueStore()  # an inherited failure is not reported as this process's own
     distributed.leave_after_failure("process 0 failed: x", report=False, client=store, joined=layout(2))
@@ -528,7 +526,7 @@ def test_a_multi_process_run_directory_evaluates(two_process_run, cli_main):
     assert out.returncode == 0 and "mean return" in out.stdout and "iteration 12" in out.stdout
 
 
-def test_a_process_whose_peers_never_join_says_so_and_exits_before_jax_aborts(tmp_path):
+def test_a_process_whose_peers_never_join_says_so_and_exits_before_jax_aborts(tmp_path, time_bound):
     """Process 0 of 2 alone (its peer never starts) and process 1 of 2 alone (no coordinator at
     the address): each ends with exit 2 and one line naming `initialization_timeout_s` and what
     it waited for, soon after that limit - not JAX's SIGABRT and C++ stack dump (measured:
@@ -550,7 +548,7 @@ def test_a_process_whose_peers_never_join_says_so_and_exits_before_jax_aborts(tm
         assert f"distributed.initialization_timeout_s = {timeout_s}: process {pid} of 2 waited" in err, err[-3000:]
         assert "Check failure" not in err and "Traceback" not in err, err[-3000:]
     assert "the other processes" in outputs[0][1] and "process 0's coordinator" in outputs[1][1]
-    assert took < timeout_s + distributed.JOIN_GRACE_S + 15  # interpreter start + imports, then the limit
+    assert took < timeout_s + distributed.JOIN_GRACE_S + time_bound(15)  # interpreter start + imports, then the limit
 
 
 def _start_processes(args: list[str], port: int) -> list[subprocess.Popen]:
@@ -583,11 +581,12 @@ FAULT_ARGS = [*TINY, "--total-env-steps", str(128 * 5000), "--quiet", "--distrib
 ABORTED = ("Traceback", "Check failure", "Fatal Python error", "Terminating process", "SIGABRT")
 
 
-def _assert_survivor_said_why(proc: subprocess.Popen, err: str, took: float, failed: str) -> None:
-    """The survivor of a failed process: exit status 4 within the heartbeat timeout + 10 s,
-    one line naming the failed process, no traceback and no abort by JAX."""
+def _assert_survivor_said_why(proc: subprocess.Popen, err: str, took: float, failed: str, margin_s: float) -> None:
+    """The survivor of a failed process: exit status 4 within the heartbeat timeout (5 s) +
+    `margin_s` (10 s on idle cores, `time_bound`), one line naming the failed process, no
+    traceback and no abort by JAX."""
     print(f"the survivor exited with status {proc.returncode} {took:.1f}s after the failure")
-    assert proc.returncode == 4 and took < 5 + 10, (proc.returncode, took, err[-3000:])
+    assert proc.returncode == 4 and took < 5 + margin_s, (proc.returncode, took, err[-3000:])
     assert f"error: {failed}" in err, err[-3000:]
     assert not [word for word in ABORTED if word in err], err[-3000:]
 
@@ -601,23 +600,23 @@ def _assert_finalised(run_dir, last: int | None = None) -> list[dict]:
     return rows
 
 
-def test_a_killed_process_ends_the_other_with_an_error_naming_it(tmp_path):
+def test_a_killed_process_ends_the_other_with_an_error_naming_it(tmp_path, time_bound):
     run_dir = tmp_path / "run"
     procs = _start_processes([*FAULT_ARGS, "--run-dir", str(run_dir)], launch.free_port())
     try:
         _wait_for_rows(procs, run_dir / "metrics.jsonl", 3)
         os.kill(procs[1].pid, signal.SIGKILL)
         killed_at = time.time()
-        _, err = procs[0].communicate(timeout=5 + 10 + 5)  # the heartbeat timeout + 10 s (+ margin)
+        _, err = procs[0].communicate(timeout=5 + time_bound(15))  # the heartbeat timeout + 10 s (+ margin)
         took = time.time() - killed_at
     finally:
         _end_processes(procs)
-    _assert_survivor_said_why(procs[0], err, took, "process 1 died")
+    _assert_survivor_said_why(procs[0], err, took, "process 1 died", time_bound(10))
     assert "process 0 stopped with it" in err, err[-3000:]
     _assert_finalised(run_dir)  # the run directory was finalised: every row whole
 
 
-def test_process_0_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_path):
+def test_process_0_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_path, time_bound):
     """Process 0 alone writes checkpoints: a plain file where its next checkpoint step
     directory goes makes its save raise (CheckpointError) in the middle of the run. Process 0
     exits with that error (status 2) once process 1 has ended, and process 1 names it."""
@@ -630,17 +629,17 @@ def test_process_0_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_pa
         (run_dir / "checkpoints" / str(step)).write_text("not a checkpoint\n")
         _wait_for_rows(procs[1:], metrics, step)  # process 0 writes the row, then fails to checkpoint it
         failed_at = time.time()
-        _, err1 = procs[1].communicate(timeout=5 + 10 + 5)
+        _, err1 = procs[1].communicate(timeout=5 + time_bound(15))
         took = time.time() - failed_at
         _, err0 = procs[0].communicate(timeout=30)
     finally:
         _end_processes(procs)
     assert procs[0].returncode == 2 and "is not a complete checkpoint" in err0, err0[-3000:]
-    _assert_survivor_said_why(procs[1], err1, took, "process 0 failed: CheckpointError")
+    _assert_survivor_said_why(procs[1], err1, took, "process 0 failed: CheckpointError", time_bound(10))
     _assert_finalised(run_dir, last=step)
 
 
-def test_process_1_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_path):
+def test_process_1_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_path, time_bound):
     """Process 1 writes one file, its log: with its file-size limit lowered to that log's size
     (a full disk quota, say), its next log line raises OSError (EFBIG; Python ignores SIGXFSZ)
     in the middle of the run. Process 0 names it and finalises the run directory. (Gradients
@@ -653,11 +652,11 @@ def test_process_1_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_pa
         size = (run_dir / "logs" / "process_1.log").stat().st_size
         resource.prlimit(procs[1].pid, resource.RLIMIT_FSIZE, (size, size))
         failed_at = time.time()
-        _, err0 = procs[0].communicate(timeout=5 + 10 + 5)
+        _, err0 = procs[0].communicate(timeout=5 + time_bound(15))
         took = time.time() - failed_at
         _, err1 = procs[1].communicate(timeout=30)
     finally:
         _end_processes(procs)
     assert procs[1].returncode == 1 and "File too large" in err1, err1[-3000:]
-    _assert_survivor_said_why(procs[0], err0, took, "process 1 failed: OSError: [Errno 27] File too large")
+    _assert_survivor_said_why(procs[0], err0, took, "process 1 failed: OSError: [Errno 27] File too large", time_bound(10))
     _assert_finalised(run_dir)

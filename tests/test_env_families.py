@@ -285,7 +285,7 @@ def test_gymnasium_model_notices_are_dropped_and_other_mujoco_warnings_kept():
     assert "WARNING: Nan, Inf or huge value in QACC at DOF 0. The simulation is unstable." in done.stderr
 
 
-def test_a_host_sampler_that_raises_reaches_train_within_5s(monkeypatch):
+def test_a_host_sampler_that_raises_reaches_train_within_5s(monkeypatch, time_bound):
     calls, raised_at = [0], []
     real = host_rollout.HostVectorEnv.step
 
@@ -299,7 +299,7 @@ def test_a_host_sampler_that_raises_reaches_train_within_5s(monkeypatch):
     monkeypatch.setattr(host_rollout.HostVectorEnv, "step", exploding)
     with pytest.raises(threaded_module.ThreadFailure, match=r"(?s)sampler-\d.*simulator crashed"):
         threaded_run("gymnasium/Pendulum-v1", iterations=10_000)
-    assert time.perf_counter() - raised_at[0] < 5.0
+    assert time.perf_counter() - raised_at[0] < time_bound(5.0)
 
 
 # --------------------------------------------------------------------------------------
