@@ -257,19 +257,12 @@ def describe_configs(args: Args) -> dict[str, Any]:
     return configs
 
 
-def bootstrap_ci(values: list[float], reps: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile-bootstrap CI of the mean."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    x = np.asarray(values, float)
-    means = x[rng.integers(0, len(x), size=(reps, len(x)))].mean(1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
 def summary_lines(rows: list[dict[str, str]], envs: tuple[str, ...]) -> list[str]:
     """Per env: each side's mean eval return, 95% CI, worst seed and seed count; ours - Brax's mean
-    (higher is better on every env here) and, where both means are positive, their ratio."""
+    (higher is better on every env here) and, where both means are positive, their ratio. The CI:
+    `ppo_async.report.stats.bootstrap_mean_ci` (percentile bootstrap over seeds; NaN for one seed)."""
+    from ppo_async.report.stats import bootstrap_mean_ci
+
     lines = [f"{'env':32s} {'side':10s} {'seeds':>5s} {'mean':>9s} {'95% CI':>21s} {'worst':>9s} {'wall_s':>8s}"]
     for env in envs:
         means = {}
@@ -278,7 +271,7 @@ def summary_lines(rows: list[dict[str, str]], envs: tuple[str, ...]) -> list[str
             if not got:
                 continue
             values = [float(r["eval_return"]) for r in got]
-            low, high = bootstrap_ci(values)
+            low, high = bootstrap_mean_ci(values)
             means[side] = sum(values) / len(values)
             wall = sorted(float(r["wall_s"]) for r in got)[len(got) // 2]
             lines.append(f"{env:32s} {side:10s} {len(got):5d} {means[side]:9.1f} [{low:9.1f}, {high:9.1f}] "

@@ -46,7 +46,7 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async.report import analysis, plots
+from ppo_async.report import analysis, plots, stats
 from ppo_async.study.manifest import Manifest, default_out, write_summary
 from ppo_async.study.tune import knee_of, with_latency
 
@@ -119,7 +119,7 @@ def ci_table(df: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFr
     for key, group in df.groupby(keys, sort=False):
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
         for column in columns:
-            row[column], row[f"{column}_ci95"] = analysis.mean_ci95(group[column])
+            row[column], row[f"{column}_ci95"] = stats.mean_ci95(group[column])
         out.append(row)
     return pd.DataFrame(out)
 

@@ -47,7 +47,7 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async.report import analysis, plots
+from ppo_async.report import analysis, plots, stats
 from ppo_async.config import replace_paths
 from ppo_async.study.manifest import Manifest, default_out, read_manifest, write_summary
 from ppo_async.study.tune import with_latency
@@ -121,7 +121,7 @@ def run_one(name: str, config: pa.Config, seed: int, args: Args) -> tuple[dict, 
 
 def summary_text(runs: pd.DataFrame, args: Args, configs: dict[str, pa.Config]) -> list[str]:
     def pm(values, fmt: str) -> str:
-        mean, half = analysis.mean_ci95(values)
+        mean, half = stats.mean_ci95(values)
         return f"{mean:{fmt}} ± {half:{fmt}}" if np.isfinite(half) else f"{mean:{fmt}}"
 
     lines = [f"KL controller: {args.env}, {args.num_seeds} seeds x {args.total_env_steps:,} env steps, latency pattern "

@@ -45,7 +45,7 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async.report import analysis
+from ppo_async.report import analysis, stats
 from ppo_async.study.manifest import Manifest, default_out
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -91,8 +91,8 @@ def cell_table(df: pd.DataFrame, variant: str, threshold: float) -> pd.DataFrame
     for _, row in summary.iterrows():
         finals = per_seed.loc[per_seed.config_id == row.config_id, "final_return_mean"]
         aucs = auc.loc[auc.config_id == row.config_id, "auc"]
-        final_mean, final_ci = analysis.mean_ci95(finals)
-        auc_mean, auc_ci = analysis.mean_ci95(aucs)
+        final_mean, final_ci = stats.mean_ci95(finals)
+        auc_mean, auc_ci = stats.mean_ci95(aucs)
         rows.append({
             "variant": variant, "K": int(row["lag.K"]), "seeds": int(row.num_seeds),
             "final_return_mean": final_mean, "final_return_ci95": final_ci,

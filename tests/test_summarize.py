@@ -206,17 +206,3 @@ def test_per_sampler_without_versions_or_lag_columns():
 def test_exported_names():
     assert pa.summarize is analysis.summarize
     assert {"summarize", "lag_histogram_of", "per_sampler"} <= set(pa.__all__)
-
-
-def test_mean_ci95_hand_values():
-    from ppo_async.report.analysis import mean_ci95
-
-    # (1, 2, 3, 4, 5): mean 3, s = sqrt(2.5) = 1.5811, t(0.975, 4) = 2.776 -> 2.776 * 1.5811 / sqrt(5) = 1.9630
-    mean, half = mean_ci95([1.0, 2.0, 3.0, 4.0, 5.0])
-    assert mean == 3.0 and half == pytest.approx(1.9630, abs=1e-4)
-    mean, half = mean_ci95([10.0, float("nan"), 20.0])  # NaN left out: n = 2, t = 12.706, s = 7.0711
-    assert mean == 15.0 and half == pytest.approx(12.706 * 7.0710678 / np.sqrt(2), rel=1e-6)
-    assert mean_ci95([7.0])[0] == 7.0 and np.isnan(mean_ci95([7.0])[1])
-    assert all(np.isnan(mean_ci95([])))
-    big = np.random.default_rng(0).normal(size=400)  # large n: the normal quantile
-    assert mean_ci95(big)[1] == pytest.approx(1.96 * big.std(ddof=1) / 20.0)

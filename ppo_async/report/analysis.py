@@ -8,7 +8,8 @@ look at the lag of one run. Metric values are coerced with
 `pd.to_numeric(errors="coerce")`, so None / NaN / non-numeric entries (an iteration in which no
 episode finished) never count as reaching a threshold and are ignored by means.
 
-A leaf module: it imports only numpy and pandas, nothing from `ppo_async`.
+A leaf module: it imports only numpy and pandas, nothing from `ppo_async`. Intervals over seeds
+(t intervals, bootstraps) are in `ppo_async.report.stats`.
 """
 
 from __future__ import annotations
@@ -171,27 +172,6 @@ def final_returns(
         keys.append(key)
         values.append(float(pd.to_numeric(tail[column], errors="coerce").mean()))
     return _series(keys, values, keys_by, "final_return")
-
-
-# Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (then ~normal).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
-
-
-def mean_ci95(values) -> tuple[float, float]:
-    """Mean of the finite `values` and the half-width of its 95% confidence interval over them
-    (Student's t: t_{0.975, n-1} * s / sqrt(n), s the sample std with ddof 1), e.g. over seeds.
-
-    Returns `(mean, half_width)`: `(x, nan)` for one value, `(nan, nan)` for none.
-    """
-    x = np.asarray([v for v in np.asarray(values, np.float64).reshape(-1) if np.isfinite(v)])
-    if len(x) == 0:
-        return math.nan, math.nan
-    if len(x) == 1:
-        return float(x[0]), math.nan
-    t = _T975[len(x) - 2] if len(x) - 1 <= len(_T975) else 1.960
-    return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(len(x)))
 
 
 # ---------------------------------------------------------------------------- list-valued columns
