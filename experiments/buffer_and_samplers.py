@@ -46,7 +46,8 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async.report import analysis, plots, stats
+from ppo_async.report import analysis, stats
+from ppo_async.study import tune_plots
 from ppo_async.study.manifest import Manifest, default_out, write_summary
 from ppo_async.study.tune import knee_of, with_latency
 
@@ -170,7 +171,7 @@ def samplers_text(df: pd.DataFrame, table: pd.DataFrame, args: Args) -> list[str
 
 def plot(buffer_table: pd.DataFrame | None, sampler_table: pd.DataFrame | None, args: Args, out: str) -> None:
     if buffer_table is not None:
-        plots.kl_vs_buffer(buffer_table.to_dict("records"), args.kl_target, os.path.join(out, "kl_vs_buffer.png"))
+        tune_plots.kl_vs_buffer(buffer_table.to_dict("records"), args.kl_target, os.path.join(out, "kl_vs_buffer.png"))
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(7.5, 4), layout="constrained")
@@ -188,7 +189,7 @@ def plot(buffer_table: pd.DataFrame | None, sampler_table: pd.DataFrame | None, 
     if sampler_table is not None:
         for regime, rows in sampler_table.groupby("regime", sort=False):
             records = rows.to_dict("records")
-            plots.tune_knee(records, knee_of(records, args.kl_target)[0], args.kl_target,
+            tune_plots.tune_knee(records, knee_of(records, args.kl_target)[0], args.kl_target,
                             os.path.join(out, f"knee_{regime}.png"))
 
 

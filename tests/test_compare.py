@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 import ppo_async as pa
-from ppo_async.report import plots
+from ppo_async.report import plots, run_plots
 from ppo_async.cli import main
 from ppo_async.cli.tools import summary_text
 
@@ -128,7 +128,8 @@ def test_plot_labels_name_the_runs(two_runs, tmp_path, capsys, monkeypatch):
         seen.append(list(runs))
         return real(runs, *args, **kwargs)
 
-    monkeypatch.setattr(plots, "learning_curve", spy)
+    monkeypatch.setattr(plots, "learning_curve", spy)  # the combined curve (cli/tools.py)
+    monkeypatch.setattr(run_plots, "learning_curve", spy)  # each run's own (plots.plot_run)
     assert main(["plot", str(base), str(lag2), "--labels", "A", "B", "--out", str(tmp_path)]) == 0
     assert seen == [["A"], ["B"], ["A", "B"]]  # each run's own curve, then the combined one
     assert (tmp_path / "learning_curve_combined.png").is_file()

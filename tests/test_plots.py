@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from ppo_async.report import plots
+from ppo_async.report import figures, plots, run_readers
 from ppo_async.report.metrics import JsonlWriter
 
 NAN = float("nan")
@@ -287,8 +287,8 @@ def test_run_frames_reduce_the_lists_to_what_every_row_would_draw(tmp_path):
     np.testing.assert_allclose(plots.mean_kl_per_lag(lists), plots.mean_kl_per_lag(full), rtol=1e-12)
     assert lists["sampler_rollout_s"][0] == [2.0, 3.0]  # the last row's cumulative seconds
     assert curves["iteration"].tolist() == [1, 2, 3, 4]
-    np.testing.assert_array_equal(plots._numeric(curves["approx_kl"]), [0.01, 0.02, NAN, 0.04])
-    np.testing.assert_array_equal(plots._numeric(curves["episode_return"]), [NAN, NAN, -5.0, NAN])
+    np.testing.assert_array_equal(figures.numeric(curves["approx_kl"]), [0.01, 0.02, NAN, 0.04])
+    np.testing.assert_array_equal(figures.numeric(curves["episode_return"]), [NAN, NAN, -5.0, NAN])
     assert "lag_histogram" not in curves.columns
     paths = plots.plot_run(tmp_path)
     assert [os.path.basename(p) for p in paths] == ["learning_curve.png", "kl_over_time.png", "lag_histogram.png",
@@ -314,10 +314,10 @@ def test_run_frames_bin_long_runs_to_a_bounded_number_of_points(tmp_path, monkey
                          "steps_per_second": 100.0 * i,
                          "sampler_steps_per_second": [float(i), None if i == 2 else 2.0 * i], "lag_histogram": [i, 1]})
     write_run(tmp_path, rows)
-    monkeypatch.setattr(plots, "MAX_CURVE_POINTS", 4)  # 22 rows -> 6 rows per point; the last bin holds 5
+    monkeypatch.setattr(run_readers, "MAX_CURVE_POINTS", 4)  # 22 rows -> 6 rows per point; the last bin holds 5
     curves, lists = plots.run_frames(tmp_path)
     assert curves.attrs["rows_per_point"] == 6
-    assert len(curves) == 4 <= plots.MAX_CURVE_POINTS + 2  # a seed's unfinished bin comes last
+    assert len(curves) == 4 <= run_readers.MAX_CURVE_POINTS + 2  # a seed's unfinished bin comes last
     assert curves["seed"].tolist() == [0, 1, 0, 1]
     assert curves["iteration"].tolist() == [6, 6, 11, 11] and curves["env_steps"].tolist() == [192, 192, 352, 352]
     np.testing.assert_allclose(curves["approx_kl"], [0.035, 0.07, 0.09, 0.18])  # means of 1..6 and 7..11, x 0.01 (x 2)
@@ -344,7 +344,7 @@ def test_run_frames_bin_long_runs_to_a_bounded_number_of_points(tmp_path, monkey
     assert "6 rows per point" in fig.axes[0].get_title()
     np.testing.assert_allclose(fig.axes[0].lines[0].get_xdata(), [0.6, 1.1])  # one point per bin, seeds averaged
 
-    monkeypatch.setattr(plots, "MAX_CURVE_POINTS", 22)  # up to the limit: one point per row, as before
+    monkeypatch.setattr(run_readers, "MAX_CURVE_POINTS", 22)  # up to the limit: one point per row, as before
     curves, _ = plots.run_frames(tmp_path)
     assert curves.attrs["rows_per_point"] == 1 and len(curves) == 22
     assert curves["iteration"].tolist() == [r["iteration"] for r in rows]
@@ -380,7 +380,7 @@ def test_a_binned_curve_equals_aggregate_rows_on_the_same_rows(tmp_path, monkeyp
                          "steps_per_second": None if i == 9 else float(rng.uniform(1e3, 5e3)),
                          "sampler_steps_per_second": [float(rng.uniform(500, 900)), float(rng.uniform(500, 900))]})
     write_run(tmp_path, rows)
-    monkeypatch.setattr(plots, "MAX_CURVE_POINTS", 8)  # 46 rows -> 6 rows per point; each seed's last bin holds 5
+    monkeypatch.setattr(run_readers, "MAX_CURVE_POINTS", 8)  # 46 rows -> 6 rows per point; each seed's last bin holds 5
     curves, _ = plots.run_frames(tmp_path)
     assert curves.attrs["rows_per_point"] == 6 and len(curves) == 8
     written = read_jsonl(tmp_path / "metrics.jsonl")

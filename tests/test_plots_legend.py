@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ppo_async.report import plots
+from ppo_async.report import figures, plots
 
 
 def axes_width_in(fig, ax) -> float:
@@ -17,7 +17,7 @@ def axes_width_in(fig, ax) -> float:
 
 def lines_figure(labels):
     """The same two lines (the same ticks) in each figure; only their labels differ."""
-    fig, ax = plots._figure()
+    fig, ax = figures.figure()
     for i, label in enumerate(labels):
         ax.plot(np.arange(10), np.arange(10) * (i + 1), label=label)
     return fig, ax
@@ -25,12 +25,12 @@ def lines_figure(labels):
 
 def test_the_axes_are_as_wide_with_a_long_legend_as_without_one():
     bare, bare_ax = lines_figure([None, None])
-    plots._legend_outside(bare, bare_ax)
+    figures.legend_outside(bare, bare_ax)
     assert not bare.legends  # nothing labelled: no legend
     short, short_ax = lines_figure(["a", "b"])
-    plots._legend_outside(short, short_ax)
+    figures.legend_outside(short, short_ax)
     long, long_ax = lines_figure(["a run with a very long label " * 3, "another " * 8])
-    plots._legend_outside(long, long_ax)
+    figures.legend_outside(long, long_ax)
     width = axes_width_in(bare, bare_ax)
     assert axes_width_in(short, short_ax) == pytest.approx(width, abs=0.02)
     assert axes_width_in(long, long_ax) == pytest.approx(width, abs=0.02)

@@ -51,7 +51,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from ppo_async.report import plots
+from ppo_async.study import tune_plots as plots  # tune's figures: knee.png, kl_vs_buffer.png
 from ppo_async.config import presets
 from ppo_async.report.analysis import run_measurements, summarize
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
