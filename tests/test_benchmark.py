@@ -18,6 +18,7 @@ import pytest
 import ppo_async as pa
 from ppo_async.config import parse_assignments
 from ppo_async.config import ConfigError
+from ppo_async.report import stats
 from ppo_async.study import benchmark as bm
 
 TINY = dict(suite="classic", seeds=2, envs=["Pendulum-v1", "CartPole-v1"], modes=["sync"], total_env_steps=2048,
@@ -130,6 +131,9 @@ def test_report_only_from_results_csv(tiny, cli_main, tmp_path):
     assert proc.returncode == 0, proc.stderr
     text = (out / "report.md").read_text()
     assert "| Pendulum-v1 | sync | 2 | 2,048 |" in text and "RL Baselines3 Zoo benchmark.md: -172" in text
+    # each interval names its method (report.stats), and why it is not rliable's own bootstrap
+    assert "`ppo_async.report.stats.bootstrap_mean_ci`" in text and stats.WHY_NOT_RLIABLE_BOOTSTRAP in text
+    assert "TypeError" not in text
     assert (out / "learning_curves.png").is_file()
 
 
@@ -145,7 +149,7 @@ def test_iqm_and_probability_of_improvement_by_hand():
     rows = [(env, mode, seed, scores[mode][seed]) for env, scores in (("A", a), ("B", b))
             for mode in ("barrier", "async") for seed in range(4)]
     agg = bm.aggregate(hand_table(rows), refs, reps=200)
-    assert agg["tasks"] == ["A", "B"] and agg["runs"] == 4
+    assert agg["tasks"] == ["A", "B"] and agg["runs"] == 4 and agg["ci_method"] == stats.STRATIFIED_METHOD
     # barrier: A -> 0.5, 1, 1.5, 2; B -> 1, 1.5, 0, 0.5. Sorted: 0 .5 .5 1 1 1.5 1.5 2; the middle
     # four (IQM drops the lowest and highest 25% = 2 of 8 each side): .5 1 1 1.5 -> 1.0
     assert agg["iqm"]["barrier"][0] == pytest.approx(1.0)

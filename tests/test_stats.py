@@ -153,7 +153,8 @@ def test_stratified_bootstrap_ci_against_a_plain_loop():
     assert stats.stratified_bootstrap_ci(stats.iqm, [BARRIER], reps=200, seed=5) == pytest.approx(expected)
     pair = [ASYNC, BARRIER[:3]]  # the run counts may differ
     expected = loop_stratified_ci(stats.probability_of_improvement, pair, 200, 5)
-    assert stats.stratified_bootstrap_ci(stats.probability_of_improvement, pair, reps=200, seed=5) == pytest.approx(expected)
+    got = stats.stratified_bootstrap_ci(stats.probability_of_improvement, pair, reps=200, seed=5)
+    assert got == pytest.approx(expected)
 
 
 def test_stratified_bootstrap_ci_is_seeded_and_holds_the_estimate():

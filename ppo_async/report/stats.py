@@ -53,10 +53,9 @@ BOOTSTRAP_REPS = 2000  # resamples per bootstrap interval
 CONFIDENCE = 0.95
 
 T_METHOD = "Student-t interval of the mean over seeds (t quantile from scipy.stats.t)"
-PERCENTILE_METHOD = ("percentile bootstrap of the mean over seeds (seeds resampled with replacement, "
-                     "numpy default_rng(seed))")
+PERCENTILE_METHOD = "percentile bootstrap of the mean over seeds (seeds resampled with replacement)"
 STRATIFIED_METHOD = ("stratified percentile bootstrap (Agarwal et al. 2021, rliable's method: runs resampled "
-                     "with replacement within each task, each score matrix on its own), numpy default_rng(seed)")
+                     "with replacement within each task, each score matrix on its own)")
 WHY_NOT_RLIABLE_BOOTSTRAP = ("not rliable's own `library.get_interval_estimates`, whose bootstrap draws from numpy's "
                              "global random state (not reproducible from a seed) and which does not import beside "
                              "pandas 3 (its `arch` dependency)")

@@ -1,0 +1,157 @@
+"""The benchmark's report: report.md (final evaluations, barrier vs async, the aggregate across
+envs, every checkpoint, the references) and its figures, from OUT/results.csv alone
+(`report`). Each table says which method made its intervals (`ppo_async.report.stats`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from ppo_async.config import ConfigError
+from ppo_async.report import stats
+from ppo_async.study.benchmark.plots import plot_aggregate, plot_learning_curves, plot_wall_clock
+from ppo_async.study.benchmark.scores import (BOOTSTRAP_REPS, CI_SEED, REFERENCES_PATH, aggregate, checkpoint_table,
+                                              load_references, normalising_references, reach_ratio)
+from ppo_async.study.benchmark.store import RESULTS_FILE, as_number, results_frame
+from ppo_async.study.benchmark.suites import ASYNC_MODES, MODE_DEFS, MODES
+
+REPORT_FILE = "report.md"
+SEED_CI = (f"95% CI: {stats.PERCENTILE_METHOD}, {BOOTSTRAP_REPS} resamples from numpy's default_rng({CI_SEED}) "
+           "(`ppo_async.report.stats.bootstrap_mean_ci`)")
+"""How the intervals over seeds of the report's tables were made."""
+
+
+def _fmt(value: Any) -> str:
+    """A number for the report: thousands separators above 1000, 3 significant digits below."""
+    value = as_number(value)
+    if not math.isfinite(value):
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def _cell(row: Mapping[str, Any]) -> str:
+    """"mean [ci_low, ci_high] (worst w)" of a `checkpoint_table` row."""
+    return f"{_fmt(row['mean'])} [{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}] (worst {_fmt(row['worst'])})"
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def final_section(table: pd.DataFrame, references: Sequence[Mapping[str, Any]]) -> list[str]:
+    """report.md: the final evaluation per env x mode, with train return, wall-clock and references."""
+    final = table.loc[table.groupby(["env", "mode"])["checkpoint"].idxmax()]
+    final = final.assign(order=final["mode"].map(list(MODES).index)).sort_values(["env", "order"])
+    rows = []
+    for _, row in final.iterrows():
+        refs = "; ".join(f"{r['source']}: {_fmt(r['value'])}" + (f" ± {_fmt(r['std'])}" if r.get("std") else "")
+                         for r in references if r["env"] == row["env"])
+        rows.append([row["env"], row["mode"], row["seeds"], _fmt(row["checkpoint"]), _cell(row), _fmt(row["train_return"]),
+                     _fmt(row["wall_s"]), refs or "-"])
+    return ["## Final evaluation", "",
+            "eval: mean deterministic return over seeds [95% CI] (worst seed); train: mean training-episode "
+            "return over the last 10% of iterations (stochastic policy), mean over seeds; wall: mean seconds per run. "
+            f"{SEED_CI}.", "",
+            *_markdown(["env", "mode", "seeds", "env steps", "eval", "train", "wall s", "references"], rows), ""]
+
+
+def checkpoints_section(table: pd.DataFrame) -> list[str]:
+    """report.md: per env, each checkpoint's mean [95% CI] (worst seed) per mode."""
+    lines = ["## Every checkpoint", "", f"Mean deterministic return over seeds [95% CI] (worst seed); {SEED_CI}.", ""]
+    for env in sorted(table["env"].unique()):
+        part = table[table["env"] == env]
+        modes = [m for m in MODES if m in set(part["mode"])]
+        rows = []
+        for checkpoint in sorted(part["checkpoint"].unique()):
+            cells = [part[(part["mode"] == m) & (part["checkpoint"] == checkpoint)] for m in modes]
+            rows.append([_fmt(checkpoint)] + [_cell(c.iloc[0]) if len(c) else "-" for c in cells])
+        lines += [f"### {env}", "", *_markdown(["env steps", *modes], rows), ""]
+    return lines
+
+
+def barrier_async_section(table: pd.DataFrame) -> list[str]:
+    """report.md: per env and async mode, its final return against barrier's 95% CI (the same
+    env steps), and the wall-clock ratio of reaching barrier's final return (`reach_ratio`);
+    then what each async mode changes over its parent (`MODE_DEFS`)."""
+    rows = []
+    for env in sorted(table["env"].unique()):
+        part = table[table["env"] == env].sort_values("checkpoint")
+        barrier = part[part["mode"] == "barrier"]
+        for mode in ASYNC_MODES:
+            asynchronous = part[part["mode"] == mode]
+            if barrier.empty or asynchronous.empty:
+                continue
+            b, a = barrier.iloc[-1], asynchronous.iloc[-1]
+            inside = "-" if not math.isfinite(b["ci_low"]) else ("yes" if b["ci_low"] <= a["mean"] <= b["ci_high"] else
+                                                                  ("above" if a["mean"] > b["ci_high"] else "below"))
+            ratio = reach_ratio(barrier, asynchronous)
+            rows.append([env, mode, _cell(b), _cell(a), inside, _fmt(ratio) if math.isfinite(ratio) else "not reached"])
+    if not rows:
+        return []
+    ran = [m for m in ASYNC_MODES if m in set(table["mode"])]
+    defined = [f"`{m}` = `{MODE_DEFS[m].parent}` + {', '.join(f'{k} = {v}' for k, v in MODE_DEFS[m].changes.items())}: "
+               f"{MODE_DEFS[m].why}" for m in ran]
+    return ["## Barrier vs async", "",
+            "Final evaluations; 'in barrier's CI': the async mode's mean against barrier's 95% CI at the same env "
+            "steps (the percentile bootstrap of the final evaluation above); 'wall to barrier's final': its mean "
+            "wall-clock to its first checkpoint at or above barrier's final mean return, over barrier's mean "
+            "wall-clock (return_vs_wall_clock.png).", "",
+            *_markdown(["env", "async mode", "barrier", "async", "async in barrier's CI", "wall to barrier's final"], rows),
+            "", *[f"- {line}" for line in defined], ""]
+
+
+def aggregate_section(agg: Mapping[str, Any], references: Mapping[str, float]) -> list[str]:
+    """report.md: IQM per mode and P(mode > barrier) for each async mode, with how they were computed."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("rliable")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - rliable is a dependency
+        version = "?"
+    lines = ["## Aggregate across envs (Agarwal et al. 2021)", "",
+             f"Scores normalised per env by its reference (references.json, `normalise`): 1 + (score - ref) / |ref| "
+             f"(1 = the reference). Final evaluations of {len(agg['tasks'])} envs ({', '.join(agg['tasks']) or 'none'}) "
+             f"x {agg['runs']} seeds; envs without a reference are left out "
+             f"(references: {', '.join(f'{e} {_fmt(v)}' for e, v in sorted(references.items()) if e in agg['tasks'])}). "
+             f"Point estimates: rliable {version} `metrics.aggregate_iqm`, `metrics.probability_of_improvement`. "
+             f"95% CIs: {agg['ci_method'] or '-'}, {BOOTSTRAP_REPS} resamples from numpy's default_rng({CI_SEED}) "
+             f"(`ppo_async.report.stats.stratified_bootstrap_ci`); {stats.WHY_NOT_RLIABLE_BOOTSTRAP}.", ""]
+    rows = [[m, _fmt(v[0]), f"[{_fmt(v[1])}, {_fmt(v[2])}]"] for m, v in agg["iqm"].items()]
+    lines += _markdown(["mode", "IQM", "95% CI"], rows) + [""]
+    for mode, (p, low, high) in agg.get("improvements", {}).items():
+        lines += [f"P({mode} > barrier) = {p:.3f} [{low:.3f}, {high:.3f}]", ""]
+    return lines
+
+
+def report(out: str | os.PathLike, references_path: str = REFERENCES_PATH) -> str:
+    """Writes OUT/report.md, learning_curves.png, return_vs_wall_clock.png and aggregate.png from
+    OUT/results.csv alone (and the reference figures); returns report.md's path."""
+    out = os.fspath(out)
+    df = results_frame(out)
+    if df.empty:
+        raise ConfigError(f"{out!r} has no results ({RESULTS_FILE} is missing or empty): nothing to report")
+    refs = load_references(references_path)
+    table = checkpoint_table(df)
+    norm = normalising_references(refs)
+    agg = aggregate(df[df["final"] == 1], norm)
+    plots = [plot_learning_curves(table, refs, os.path.join(out, "learning_curves.png")),
+             plot_wall_clock(table, os.path.join(out, "return_vs_wall_clock.png")),
+             plot_aggregate(agg, os.path.join(out, "aggregate.png"))]
+    envs, modes = sorted(df["env"].unique()), [m for m in MODES if m in set(df["mode"])]
+    lines = ["# Benchmark report", "",
+             f"{len(envs)} envs ({', '.join(envs)}) x modes {', '.join(modes)} x {df['seed'].nunique()} seeds; "
+             f"{len(df)} evaluations of the deterministic policy in {RESULTS_FILE} (`ppo_async.study.benchmark`).", "",
+             *final_section(table, refs), *barrier_async_section(table), *aggregate_section(agg, norm), *checkpoints_section(table),
+             "## Plots", "", *[f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots if p], "",
+             "## References", "", *[f"- {r['env']}: {_fmt(r['value'])} ({r['source']}, {r['implementation']}, "
+                                    f"{r['version']}, {r['env_id']}, {_fmt(r['env_steps'])} steps, {r['seeds']} seed(s), "
+                                    f"± over {r['std_of']}) {r['url']}" for r in refs if r["env"] in envs], ""]
+    path = os.path.join(out, REPORT_FILE)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    return path

@@ -1,0 +1,155 @@
+"""Running a benchmark: every env x mode x seed of the plan brought to "done" (trained, resumed,
+completed or skipped, its rows in results.csv), then the report (`benchmark`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import pandas as pd
+
+from ppo_async.config import Config, ConfigError
+from ppo_async.modes.registry import get_mode
+from ppo_async.modes.train import train
+from ppo_async.report.metrics import read_jsonl
+from ppo_async.run import rundir
+from ppo_async.run.checkpoint import Checkpointer
+from ppo_async.study.benchmark.reporting import report
+from ppo_async.study.benchmark.store import (DONE_FILE, WALL_FILE, WallLog, check_spec, finished_keys, results_frame,
+                                             rows_of_run, run_dir_of, write_results)
+from ppo_async.study.benchmark.suites import Plan, plan_spec, resolve_plan, run_config
+from ppo_async.study.manifest import Manifest, write_json
+
+
+def require_rliable() -> None:
+    """ConfigError unless `rliable` (the report's aggregate statistics) is installed."""
+    try:
+        import rliable.metrics  # noqa: F401
+    except ImportError:
+        raise ConfigError("the benchmark report needs the rliable package: pip install rliable "
+                          '(or pip install -e ".[benchmark]")') from None
+
+
+def trained_to_end(run_dir: str, config: Config) -> bool:
+    """Whether the run directory's metrics reach the last iteration with its final evaluation."""
+    path = os.path.join(run_dir, rundir.METRICS_FILE)
+    if not os.path.isfile(path):
+        return False
+    rows = read_jsonl(path, columns=("iteration", "eval_return"))
+    return bool(rows) and int(rows[-1]["iteration"]) == config.num_iterations and rows[-1].get("eval_return") is not None
+
+
+def has_checkpoint(run_dir: str, keep: int) -> bool:
+    """Whether RUN_DIR/checkpoints holds a complete checkpoint."""
+    ckpt_dir = rundir.checkpoint_dir(run_dir)
+    if not os.path.isdir(ckpt_dir):
+        return False
+    with Checkpointer(ckpt_dir, max_to_keep=keep) as ckpt:
+        return ckpt.latest_step() is not None
+
+
+def train_run(config: Config, progress: bool) -> str:
+    """Trains one benchmark run into `config.run_dir`: resumes it from its latest checkpoint when
+    its mode can, else starts it fresh (a run already there is replaced). Returns "resumed" or
+    "fresh"."""
+    run_dir = config.run_dir
+    holds_run = os.path.isfile(os.path.join(run_dir, rundir.CONFIG_FILE))
+    resume = holds_run and get_mode(config.mode).resumable and has_checkpoint(run_dir, config.keep_checkpoints)
+    if not resume and os.path.exists(os.path.join(run_dir, WALL_FILE)):
+        os.remove(os.path.join(run_dir, WALL_FILE))
+    log = WallLog(run_dir, time.perf_counter())
+    try:
+        train(config.replace(overwrite=holds_run and not resume), progress=progress, on_iteration=log, resume=resume)
+    finally:
+        log.close()
+    return "resumed" if resume else "fresh"
+
+
+def finish_run(out: str, plan: Plan, env: str, mode: str, seed: int, done: set, progress: bool,
+               runs_dir: str | None = None) -> str:
+    """One run of the benchmark, brought to "done" (rows in results.csv, done marker written).
+    Returns what it took: "skipped", "rows rebuilt", "fresh", "resumed" or "completed"."""
+    run_dir = run_dir_of(out, env, mode, seed, runs_dir)
+    config = run_config(plan, env, mode, seed, run_dir)
+    marker = os.path.join(run_dir, DONE_FILE)
+    if (env, mode, seed) in done:
+        if not os.path.isfile(marker):
+            write_json(marker, {"env": env, "mode": mode, "seed": seed})
+        return "skipped"
+    if trained_to_end(run_dir, config):  # rows lost from results.csv, or killed before they were written
+        how = "rows rebuilt" if os.path.isfile(marker) else "completed"
+    else:
+        how = train_run(config, progress)
+    rows = rows_of_run(run_dir, config, plan.eval_every_steps, env, mode)
+    if not rows or not rows[-1]["final"]:
+        raise RuntimeError(f"run {run_dir!r} ended without its final evaluation row")
+    write_results(out, rows)
+    write_json(marker, {"env": env, "mode": mode, "seed": seed, "rows": len(rows)})
+    done.add((env, mode, seed))
+    return how
+
+
+def benchmark(
+    suite: str = "mujoco",
+    seeds: int = 5,
+    out: str | os.PathLike = "runs/benchmark",
+    envs: Sequence[str] | None = None,
+    total_env_steps: int | None = None,
+    modes: Sequence[str] | None = None,
+    eval_every_steps: int | None = None,
+    eval_episodes: int = 10,
+    progress: bool = True,
+    on_run: Callable[[str, str, int, str], None] | None = None,
+    argv: Sequence[str] | None = None,
+    changes: Mapping[str, Any] | None = None,
+    runs_dir: str | os.PathLike | None = None,
+) -> pd.DataFrame:
+    """Runs (or resumes) a benchmark suite into `out` and writes its report; returns results.csv
+    as a DataFrame.
+
+    Args:
+      suite: a `SUITES` name ("mujoco", "dmc", "classic").
+      seeds: runs per env x mode, seeds 0 .. seeds - 1.
+      out: the output directory (module docstring); run again with the same arguments to resume.
+      envs: a subset of the suite's envs (default: all).
+      total_env_steps: env steps per run (default: the suite's budget).
+      modes: among `MODES` ("sync", "barrier", "async") that every env's family can run
+        (default: all those; mujoco: barrier, async).
+      eval_every_steps: env steps between evaluations (default: the suite's, 100k for mujoco).
+      eval_episodes: episodes per evaluation (deterministic policy).
+      progress: print a line per run and show each run's progress bar.
+      on_run: called as `on_run(env, mode, seed, how)` after each run is done (how: "skipped",
+        "rows rebuilt", "completed", "fresh", "resumed"); an exception there stops the benchmark.
+      argv: the command line recorded in manifest.json (default `sys.argv`).
+      runs_dir: where the run directories go (default OUT/runs); elsewhere (e.g. a git-ignored
+        folder) OUT holds only the results, report and manifest, ready to publish.
+      changes: dotted config fields set over every run's preset and mode (an ablation, e.g.
+        `{"rollout.normalize_reward": False}`); recorded in benchmark.json.
+
+    Raises:
+      ConfigError: bad arguments (`resolve_plan`), or an out directory of other arguments/configs.
+    """
+    plan = resolve_plan(suite, envs, modes, seeds, total_env_steps, eval_every_steps, eval_episodes, changes)
+    require_rliable()  # before hours of runs, not at the report
+    out = os.fspath(out)
+    os.makedirs(out, exist_ok=True)
+    check_spec(out, plan_spec(plan))
+    with Manifest(out, argv=argv, extra={"benchmark": plan._asdict()}) as manifest:
+        done = finished_keys(out)
+        counts: dict[str, int] = {}
+        for seed in range(plan.seeds):
+            for env in plan.envs:
+                for mode in plan.modes:
+                    if progress:
+                        print(f"benchmark {env} {mode} seed {seed}", flush=True)
+                    how = finish_run(out, plan, env, mode, seed, done, progress,
+                                     None if runs_dir is None else os.fspath(runs_dir))
+                    counts[how] = counts.get(how, 0) + 1
+                    if on_run is not None:
+                        on_run(env, mode, seed, how)
+        manifest.extra["runs"] = counts
+        report(out)
+    return results_frame(out)
+

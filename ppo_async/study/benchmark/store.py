@@ -1,0 +1,254 @@
+"""The benchmark's files in OUT: benchmark.json (the plan, checked against a second call:
+`check_spec`), results.csv (one row per evaluation, `COLUMNS`), each run's done marker and wall
+log (benchmark_wall.jsonl), and the rows of a run rebuilt from its run directory.
+Side effects: file reads and writes only.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ppo_async.config import Config, ConfigError, config_to_dict
+from ppo_async.report.metrics import read_jsonl
+from ppo_async.run import rundir
+from ppo_async.study.benchmark.suites import Plan
+from ppo_async.study.manifest import write_json
+
+RESULTS_FILE = "results.csv"
+SPEC_FILE = "benchmark.json"
+DONE_FILE = "benchmark_done.json"
+WALL_FILE = "benchmark_wall.jsonl"
+TRAIN_TAIL = 0.1  # train_return at the end: the last 10% of iterations (CleanRL's way of reporting)
+COLUMNS = ("env", "mode", "seed", "checkpoint", "iteration", "env_steps", "eval_return", "train_return", "episodes",
+           "wall_s", "train_wall_s", "approx_kl", "lag_mean", "final")
+"""results.csv: one row per env x mode x seed x evaluation. checkpoint: the nominal env steps
+(k * eval_every_steps; the budget for the final evaluation); env_steps: the steps actually taken;
+eval_return: mean deterministic return over the evaluation episodes; train_return: the
+episode-weighted mean training return since the previous checkpoint (the final row: over the
+last 10% of iterations); episodes: training episodes behind it; wall_s: seconds since the run's
+`train()` call (compile and evaluations included; a resumed run adds the wall time up to its
+checkpoint); train_wall_s: the run's own `wall_time` (its iteration loop); approx_kl, lag_mean:
+means since the previous checkpoint; final: 1 for the last evaluation of a run."""
+
+
+def run_dir_of(out: str, env: str, mode: str, seed: int, runs_dir: str | None = None) -> str:
+    """RUNS/<env, '/' as '_'>/<mode>/seed<k>, RUNS = `runs_dir` or OUT/runs."""
+    return os.path.join(runs_dir or os.path.join(out, "runs"), env.replace("/", "_"), mode, f"seed{seed}")
+
+
+_MISSING = object()
+
+
+def _diff_paths(a: Any, b: Any, prefix: str = "", defaults: Any = _MISSING) -> list[str]:
+    """Dotted paths where nested dicts `a` (recorded) and `b` (today's) differ. A key `a` lacks
+    (a config field added to the code since) does not differ when `b` holds its default there
+    (`defaults`: the same nesting): the recorded runs ran with that default."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        sub = lambda k: defaults.get(k, _MISSING) if isinstance(defaults, dict) else _MISSING  # noqa: E731
+        return [p for k in sorted(set(a) | set(b))
+                if not (k not in a and sub(k) is not _MISSING and b.get(k) == sub(k))
+                for p in _diff_paths(a.get(k), b.get(k), f"{prefix}{k}.", sub(k))]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def _grows(first: Mapping[str, Any], spec: Mapping[str, Any], name: str) -> bool:
+    """Whether argument `name` of `spec` extends the recorded one: more seeds, or envs / modes
+    holding every recorded one and more."""
+    was, now = first.get(name), spec.get(name)
+    if name == "seeds":
+        return isinstance(was, int) and isinstance(now, int) and now > was
+    if name in ("envs", "modes"):
+        return isinstance(was, list) and isinstance(now, list) and set(was) < set(now)
+    return False
+
+
+def check_spec(out: str, spec: Mapping[str, Any]) -> None:
+    """Writes OUT/benchmark.json, or checks the one there: other arguments or configs on the same
+    OUT are a ConfigError naming what differs (results are never silently mixed). More seeds, or
+    envs / modes added to the recorded ones, extend the benchmark: its finished runs are kept
+    when the configs they were run with are today's, and benchmark.json is rewritten."""
+    path = os.path.join(out, SPEC_FILE)
+    if not os.path.isfile(path):
+        write_json(path, dict(spec))
+        return
+    with open(path, encoding="utf-8") as f:
+        first = json.load(f)
+    grown = [k for k in ("seeds", "envs", "modes") if _grows(first, spec, k)]
+    args = [k for k in Plan._fields if first.get(k) != spec.get(k) and k not in grown]
+    if args:
+        said = ", ".join(f"{k}={first.get(k)!r} (now {spec.get(k)!r})" for k in args)
+        raise ConfigError(f"out = {out!r} holds a benchmark with other arguments: {said}; use another out, the same "
+                          "arguments, or more seeds / envs / modes")
+    recorded = first.get("configs", {})
+    default = config_to_dict(Config())
+    fields = _diff_paths(recorded, {k: v for k, v in spec.get("configs", {}).items() if k in recorded},
+                         defaults={k: default for k in recorded})
+    if fields:
+        raise ConfigError(f"out = {out!r} holds a benchmark whose configs differ from today's (presets changed?): "
+                          f"{', '.join(fields[:5])}; use another out")
+    if grown:
+        write_json(path, dict(spec))
+
+
+# ---------------------------------------------------------------------------- results rows
+
+
+def as_number(value: Any) -> float:
+    """float(value), NaN for None / non-numbers."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def episode_weighted(rows: Sequence[Mapping[str, Any]]) -> tuple[float, int]:
+    """(mean training-episode return, episodes) of metrics rows: each row's `episode_return`
+    weighted by its `episodes_finished` (rows with none left out); (NaN, 0) without episodes."""
+    weights = np.array([as_number(r.get("episodes_finished")) for r in rows])
+    values = np.array([as_number(r.get("episode_return")) for r in rows])
+    keep = np.isfinite(weights) & np.isfinite(values) & (weights > 0)
+    if not keep.any():
+        return math.nan, 0
+    return float(np.average(values[keep], weights=weights[keep])), int(weights[keep].sum())
+
+
+def _window_mean(rows: Sequence[Mapping[str, Any]], name: str) -> float:
+    values = np.array([as_number(r.get(name)) for r in rows])
+    return float(np.mean(values[np.isfinite(values)])) if np.isfinite(values).any() else math.nan
+
+
+def checkpoint_of(iteration: int, every: int, num_iterations: int, eval_every_steps: int, total: int) -> int:
+    """The nominal env steps of the evaluation after `iteration`: k * eval_every_steps for the
+    k-th periodic one, the budget `total` for the final one."""
+    return total if iteration == num_iterations else (iteration // every) * eval_every_steps
+
+
+def results_rows(metrics: Sequence[Mapping[str, Any]], walls: Mapping[int, float], config: Config,
+                 eval_every_steps: int, env: str, mode: str) -> list[dict[str, Any]]:
+    """The results.csv rows (`COLUMNS`) of one run from its metrics rows (iteration order, one
+    seed) and its wall seconds per iteration: one row per row carrying an `eval_return`."""
+    out: list[dict[str, Any]] = []
+    n, previous = config.num_iterations, 0
+    tail_start = n - max(1, int(n * TRAIN_TAIL))
+    for index, row in enumerate(metrics):
+        if row.get("eval_return") is None:
+            continue
+        iteration = int(row["iteration"])
+        window = [r for r in metrics[: index + 1] if int(r["iteration"]) > previous]
+        if iteration == n:
+            train_return, episodes = episode_weighted([r for r in metrics if int(r["iteration"]) > tail_start])
+        else:
+            train_return, episodes = episode_weighted(window)
+        out.append({
+            "env": env, "mode": mode, "seed": config.seed,
+            "checkpoint": checkpoint_of(iteration, config.eval_every, n, eval_every_steps, config.total_env_steps),
+            "iteration": iteration, "env_steps": int(row["env_steps"]), "eval_return": as_number(row["eval_return"]),
+            "train_return": train_return, "episodes": episodes, "wall_s": walls.get(iteration, math.nan),
+            "train_wall_s": as_number(row.get("wall_time")), "approx_kl": _window_mean(window, "approx_kl"),
+            "lag_mean": _window_mean(window, "lag_mean"), "final": int(iteration == n),
+        })
+        previous = iteration
+    return out
+
+
+def read_walls(run_dir: str) -> dict[int, float]:
+    """{iteration: wall seconds} from RUN_DIR/benchmark_wall.jsonl (empty when missing)."""
+    path = os.path.join(run_dir, WALL_FILE)
+    return {int(r["iteration"]): float(r["wall_s"]) for r in read_jsonl(path)} if os.path.isfile(path) else {}
+
+
+def rows_of_run(run_dir: str, config: Config, eval_every_steps: int, env: str, mode: str) -> list[dict[str, Any]]:
+    """`results_rows` of a run directory (its metrics.jsonl and benchmark_wall.jsonl)."""
+    metrics = read_jsonl(os.path.join(run_dir, rundir.METRICS_FILE),
+                         columns=("iteration", "env_steps", "eval_return", "episode_return", "episodes_finished",
+                                  "wall_time", "approx_kl", "lag_mean"))
+    return results_rows(metrics, read_walls(run_dir), config, eval_every_steps, env, mode)
+
+
+def read_results(out: str) -> list[dict[str, str]]:
+    """The rows of OUT/results.csv as strings (a torn last line is dropped); [] when missing."""
+    path = os.path.join(out, RESULTS_FILE)
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [r for r in rows if None not in r and all(r.get(c) not in (None, "") for c in ("env", "mode", "seed", "final"))]
+
+
+def write_results(out: str, rows: Sequence[Mapping[str, Any]], append: bool = True) -> None:
+    """Appends `rows` to OUT/results.csv (header first when new), in one write, flushed."""
+    path = os.path.join(out, RESULTS_FILE)
+    new = not append or not os.path.isfile(path) or os.path.getsize(path) == 0
+    with open(path, "w" if not append else "a", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+        f.flush()
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, str, int]:
+    return str(row["env"]), str(row["mode"]), int(row["seed"])
+
+
+def finished_keys(out: str) -> set[tuple[str, str, int]]:
+    """Runs with their final row in results.csv; rows of runs without one (a write cut short) are
+    removed from the file."""
+    path = os.path.join(out, RESULTS_FILE)
+    rows = read_results(out)
+    done = {_key(r) for r in rows if r["final"] == "1"}
+    kept = [r for r in rows if _key(r) in done]
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            lines = sum(1 for line in f if line.strip())
+        if len(kept) != max(lines - 1, 0):
+            write_results(out, kept, append=False)
+    return done
+
+
+class WallLog:
+    """`train(on_iteration=...)`: appends {iteration, wall_s} per learner iteration to
+    RUN_DIR/benchmark_wall.jsonl, wall_s counted from `start` (`time.perf_counter()` before
+    `train()`) plus, for a resumed run, the wall_s recorded at its checkpoint (entries after the
+    checkpoint are dropped at the first call)."""
+
+    def __init__(self, run_dir: str, start: float) -> None:
+        self.path, self.start = os.path.join(run_dir, WALL_FILE), start
+        self.offset = 0.0
+        self.handle: Any = None
+
+    def __call__(self, rows: list[dict[str, Any]]) -> None:
+        iteration = int(rows[0]["iteration"])
+        if self.handle is None:
+            earlier = {i: w for i, w in read_walls(os.path.dirname(self.path)).items() if i < iteration}
+            self.offset = earlier[max(earlier)] if earlier else 0.0
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps({"iteration": i, "wall_s": w}) + "\n" for i, w in sorted(earlier.items()))
+            self.handle = open(self.path, "a", encoding="utf-8")
+        wall = round(self.offset + time.perf_counter() - self.start, 3)
+        self.handle.write(json.dumps({"iteration": iteration, "wall_s": wall}) + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        """Closes the file (idempotent)."""
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+
+def results_frame(out: str) -> pd.DataFrame:
+    """OUT/results.csv as a DataFrame (numbers parsed); empty with `COLUMNS` when missing."""
+    path = os.path.join(out, RESULTS_FILE)
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return pd.DataFrame(columns=list(COLUMNS))
+    return pd.read_csv(path)
+
