@@ -183,7 +183,7 @@ def _host_rollout(num_steps: int, num_envs: int = 3) -> tuple[RolloutContext, ho
                        rollout=pa.RolloutConfig(num_envs=num_envs, num_steps=num_steps), ppo=pa.PPOConfig(num_minibatches=1),
                        total_env_steps=num_envs * num_steps)
     env = envs.make_env(config.env)
-    ctx = RolloutContext(env, make_actor_critic(env, config.network), config.rollout)
+    ctx = RolloutContext(env, make_actor_critic(env, config.network), config.rollout, gamma=config.ppo.gamma)
     from ppo_async.modes.common import make_contexts
 
     _, _, learner_ctx = make_contexts(config)

@@ -31,7 +31,7 @@ def host_rollout_of(name: str, num_steps: int, num_envs: int = 3) -> tuple[host_
     config = pa.Config(env=name, mode="threaded", rollout=pa.RolloutConfig(num_envs=num_envs, num_steps=num_steps),
                        ppo=pa.PPOConfig(num_minibatches=1), total_env_steps=num_envs * num_steps)
     env = envs.make_env(name)
-    ctx = RolloutContext(env, make_actor_critic(env, config.network), config.rollout)
+    ctx = RolloutContext(env, make_actor_critic(env, config.network), config.rollout, gamma=config.ppo.gamma)
     _, _, learner_ctx = make_contexts(config)
     return host_rollout.HostRollout(ctx), learner.init_train_state(learner_ctx, jax.random.PRNGKey(0), env.obs_shape)
 
@@ -196,6 +196,7 @@ def test_unknown_envpool_name_is_a_one_line_error_listing_the_known_ones():
 
 def test_envpool_is_threaded_only_with_the_gymnasium_preset():
     with pytest.raises(ConfigError, match="mode = 'sync' is invalid: must be 'threaded' for the host-side env"):
-        pa.Config(env="envpool/HalfCheetah-v5")
+        pa.Config(env="envpool/HalfCheetah-v5", mode="sync")
+    assert pa.Config(env="envpool/HalfCheetah-v5").mode == "threaded"  # its one mode when none is given
     assert modes_for_env("envpool/Hopper-v5") == modes_for_env("gymnasium/Hopper-v5")
     assert presets.preset_for("envpool/Hopper-v5") == presets.preset_for("gymnasium/Hopper-v5") != {}
