@@ -212,9 +212,9 @@ CLI_CASES: list[tuple[str, str]] = [
     ("train --config {typo_top.json}", "total_env_steps"),
     ("train --config {bad_value.yaml}", "rollout.num"),
     ("train --config {rho.yaml}", "ppo.rho"),
-    ("train --config {list.json}", "--config"),
-    ("train --config {broken.json}", "--config"),
-    ("train --config {broken.yaml}", "--config"),
+    ("train --config {list.json}", "list.json: expected a mapping"),
+    ("train --config {broken.json}", "broken.json, line 1: not JSON"),
+    ("train --config {broken.yaml}", "broken.yaml, line 2: not YAML"),
     ("train --config {section_scalar.yaml}", "ppo"),
     # --resume
     ("train --resume {root}/no_run", "no_run"),

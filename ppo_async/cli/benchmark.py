@@ -9,7 +9,9 @@ from typing import Annotated, Literal
 
 import tyro
 
+from ppo_async.cli.paths import check_csv, check_output_dir
 from ppo_async.config import parse_assignments
+from ppo_async.errors import ConfigError
 
 ModeChoice = Literal["sync", "barrier", "async-ppo", "async"]  # study.benchmark.MODES (a test keeps them equal)
 
@@ -50,6 +52,7 @@ class BenchmarkCommand:
     def run(self) -> int:
         from ppo_async.study.benchmark import benchmark, report  # here: `--help` and parse errors need no JAX
 
+        self.check_paths()
         if self.report_only:
             path = report(self.out)
             print(f"wrote {path}", flush=True)
@@ -59,3 +62,17 @@ class BenchmarkCommand:
                   progress=not self.quiet, changes=parse_assignments(self.set), runs_dir=self.runs_dir)
         print(f"benchmark done: {os.path.join(self.out, 'report.md')}", flush=True)
         return 0
+
+    def check_paths(self) -> None:
+        """ConfigError for an --out or --runs-dir that is a file or cannot be written, and
+        DataFileError (file and line) for a corrupt OUT/results.csv, before anything runs."""
+        results = os.path.join(self.out, "results.csv")
+        if self.report_only:
+            if os.path.exists(self.out) and not os.path.isdir(self.out):
+                raise ConfigError(f"--out = {self.out!r} is invalid: it is a file, not a directory")
+        else:
+            check_output_dir("--out", self.out)
+            if self.runs_dir is not None:
+                check_output_dir("--runs-dir", self.runs_dir)
+        if os.path.isfile(results):
+            check_csv(results)

@@ -1,35 +1,113 @@
-"""`--config FILE` of `train` and `tune`: a (partial, nested or dotted) config in JSON or YAML."""
+"""`--config FILE` of `train` and `tune`: a (partial, nested or dotted) config in JSON or YAML.
+
+Every problem is one `ConfigError` naming the file: a missing or unreadable file, a parse error
+with its 1-based line (`DataFileError`), anything but a mapping, a key set twice. YAML numbers
+in exponent form without a dot (`3e-4`, which YAML 1.1 reads as a string) are read as numbers
+where the field is a float (`yaml_numbers`), as YAML 1.2 and JSON read them.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
+import re
+import typing
+from typing import Any, Iterator
 
 import yaml
 
-from ppo_async.errors import ConfigError
+from ppo_async.cli.paths import check_input_file
+from ppo_async.config import Config, config_from_dict
+from ppo_async.config.checks import every_failure, field_rules
+from ppo_async.errors import ConfigError, DataFileError
+
+YAML12_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+"""A float in YAML 1.2's core schema (and JSON): `3e-4`, `1E5`, `.5`, `-2.5e+3`."""
 
 
 def load_config_file(path: str) -> dict:
     """The nested mapping of config fields in `path` (JSON, or YAML for .yaml / .yml);
-    ConfigError for a missing file, a parse error or anything but a mapping."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config {path!r}: no such file")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    ConfigError naming the file for a missing, unreadable or empty file, a parse error (with
+    its 1-based line), anything but a mapping or a key set twice."""
+    check_input_file("--config", path)
+    with open(path, "rb") as f:
+        raw = f.read()
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader) if path.endswith((".yaml", ".yml")) else json.loads(
-            text, object_pairs_hook=_unique_pairs)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DataFileError(f"{path}, line {line}: not UTF-8 text ({exc.reason})") from None
+    if not text.strip():
+        raise DataFileError(f"{path}: empty; expected a mapping of config fields (e.g. ppo: {{clip_eps: 0.1}})")
+    is_yaml = path.endswith((".yaml", ".yml"))
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader) if is_yaml else json.loads(text, object_pairs_hook=_unique_pairs)
     except ConfigError as exc:
-        raise ConfigError(f"--config {path!r}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - any parse error is a user error
-        raise ConfigError(f"--config {path!r}: cannot parse: {' '.join(str(exc).split())}") from None
+        raise ConfigError(f"{path}: {exc}") from None
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise DataFileError(f"{path}, {_where(exc)}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {path!r}: expected a mapping of config fields")
+        raise ConfigError(f"{path}: expected a mapping of config fields, got a {type(data).__name__}")
     try:
-        return nest_dotted_keys(data)
+        nested = nest_dotted_keys(data)
     except ConfigError as exc:
-        raise ConfigError(f"--config {path!r}: {exc}") from None
+        raise ConfigError(f"{path}: {exc}") from None
+    return yaml_numbers(nested) if is_yaml else nested
+
+
+def _where(exc: yaml.YAMLError | json.JSONDecodeError) -> str:
+    """`line N: what` of a parse error (1-based line and column)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"line {exc.lineno}: not JSON ({exc.msg}, column {exc.colno})"
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    within = f"; {context} from line {context_mark.line + 1}" if context and context_mark is not None else ""
+    if mark is None:
+        return f"not YAML ({problem}{within})"
+    return f"line {mark.line + 1}: not YAML ({problem}, column {mark.column + 1}{within})"
+
+
+def file_fields(data: dict, prefix: str = "") -> Iterator[str]:
+    """The dotted fields a nested config mapping sets (`{"ppo": {"gamma": 1}}` -> `ppo.gamma`)."""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from file_fields(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def yaml_numbers(data: dict, cls: type = Config) -> dict:
+    """`data` (a nested config mapping read from YAML) with every string YAML 1.2 reads as a
+    float (`YAML12_FLOAT`: `3e-4`) made a float where its field of `cls` is a float (or a tuple
+    of floats); YAML 1.1, PyYAML's, reads `3e-4` as a string. Other values are left as they are."""
+    hints = typing.get_type_hints(cls)
+    rules = dict(field_rules(cls))
+    out = dict(data)
+    for key, value in data.items():
+        hint = hints.get(key)
+        if isinstance(value, dict) and dataclasses.is_dataclass(hint):
+            out[key] = yaml_numbers(value, hint)
+        elif key in rules and float in rules[key].types:
+            out[key] = _as_float(value)
+        elif isinstance(value, list) and typing.get_args(hint)[:1] == (float,):
+            out[key] = [_as_float(v) for v in value]
+    return out
+
+
+def _as_float(value: Any) -> Any:
+    return float(value) if isinstance(value, str) and YAML12_FLOAT.match(value.strip()) else value
+
+
+def file_config(path: str, data: dict) -> Config:
+    """The Config of a config file's fields alone (`config_from_dict`); one ConfigError naming
+    the file and every key that failed (`every_failure`; the env's own check as the caller's
+    context allows)."""
+    try:
+        with every_failure(own=True):
+            return config_from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _unique_pairs(pairs: list) -> dict:

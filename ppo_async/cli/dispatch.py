@@ -25,12 +25,12 @@ import tyro
 
 from ppo_async.cli.benchmark import BenchmarkCommand
 from ppo_async.cli.launch import LaunchCommand, split_launch
-from ppo_async.cli.parsing import PROG, as_command_line, parse
+from ppo_async.cli.parsing import PROG, in_their_words, parse
 from ppo_async.config import Config, env_check_deferred
-from ppo_async.config.checks import field_paths
+from ppo_async.config.checks import every_failure, field_paths
 from ppo_async.cli.noise import quiet_library_noise
 from ppo_async.cli.tools import CompareCommand, EvalCommand, PlotCommand
-from ppo_async.cli.train import TrainCommand, prepare
+from ppo_async.cli.train import TrainCommand, prepare, train_error
 from ppo_async.cli.tune import TuneCommand
 from ppo_async.errors import ConfigError, DistributedFailure
 
@@ -58,6 +58,10 @@ def parse_command(argv: Sequence[str], join: bool = False) -> Any:
     SystemExit(0). With `join`, `train` joins the processes of a multi-process run first."""
     args = list(argv)
     name = args[0] if args and not args[0].startswith("-") else ""
+    options = [a for a in args if a.startswith("-") and a not in ("-h", "--help")]
+    if not name and options:
+        raise ConfigError(f"a command comes first, before {options[0]}: one of {', '.join(COMMANDS)} "
+                          f"(see {PROG} --help)")
     if name and name not in COMMANDS:
         close = difflib.get_close_matches(name, list(COMMANDS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -65,18 +69,26 @@ def parse_command(argv: Sequence[str], join: bool = False) -> Any:
                           f"(see {PROG} --help)")
     defaults: dict[str, Any] = {}
     train_args: list[str] = []
-    with env_check_deferred():  # the env name is checked when the command runs: --help and other errors need no JAX
-        if name == "train":
-            rest, defaults["train"] = prepare(args[1:], join=join)
-            args = [name, *rest]
-        elif name == "launch":
-            own, train_args = split_launch(args[1:])
-            args = [name, *own]
-        choices = tuple(
-            Annotated[cls, tyro.conf.subcommand(command, default=defaults.get(command, tyro.MISSING_NONPROP))]
-            for command, cls in COMMANDS.items()
-        )
-        command = parse(Union[choices], args, command=name, description=DESCRIPTION)  # type: ignore[valid-type]
+    try:
+        # the env name is checked when the command runs: --help and other errors need no JAX;
+        # every failed field of a config is reported at once (`every_failure`)
+        with env_check_deferred(), every_failure():
+            if name == "train":
+                rest, defaults["train"] = prepare(args[1:], join=join)
+                args = [name, *rest]
+            elif name == "launch":
+                own, train_args = split_launch(args[1:])
+                args = [name, *own]
+            choices = tuple(
+                Annotated[cls, tyro.conf.subcommand(command, default=defaults.get(command, tyro.MISSING_NONPROP))]
+                for command, cls in COMMANDS.items()
+            )
+            command = parse(Union[choices], args, command=name, description=DESCRIPTION,  # type: ignore[valid-type]
+                            own=COMMANDS.get(name, Union[tuple(COMMANDS.values())]))
+    except ConfigError as exc:
+        if name == "train":  # each field named where the user set it (flag or --config FILE), the env first
+            raise train_error(exc, argv[1:]) from None
+        raise
     if isinstance(command, LaunchCommand):
         command = dataclasses.replace(command, train_args=tuple(train_args))
     return command
@@ -106,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:
         status = _status_of(exc)
         if status is not None:  # a user error (2) or NaN/inf (3): one line
-            message = as_command_line(str(exc), cli_fields()) if status == 2 else str(exc)
+            message = in_their_words(exc, cli_fields()) if status == 2 else str(exc)
             print(f"error: {message}", file=sys.stderr)
             return _finish_processes(status, str(exc))
         if _joined_processes():  # the traceback, then out (see _finish_processes)

@@ -17,10 +17,11 @@ import io
 import re
 import sys
 import typing
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 import tyro
 
+from ppo_async.config.checks import FieldFailures, field_of
 from ppo_async.errors import ConfigError
 
 try:  # tyro >= 1.0; older versions print their box, flattened below
@@ -33,12 +34,15 @@ PROG = "python -m ppo_async"
 
 def parse(target: Any, args: Sequence[str], prog: str = PROG, *, command: str = "", default: Any = tyro.MISSING_NONPROP,
           description: str | None = None, unknown: Callable[[list[str]], str] | None = None,
-          return_unknown_args: bool = False, add_help: bool = True) -> Any:
+          return_unknown_args: bool = False, add_help: bool = True, own: Any = None) -> Any:
     """`tyro.cli(target, args=args, ...)`; a rejected command line raises ConfigError with one
     line, prefixed `COMMAND: ` when `command` is given (`unknown(tokens)` for unrecognised
-    arguments, when given). `--help` prints the help and raises SystemExit(0), as tyro does."""
+    arguments, when given; an unknown option's hint is about the flags and positional
+    arguments of `own`, the command's dataclass, default `target`). `--help` prints the help
+    and raises SystemExit(0), as tyro does."""
     captured = io.StringIO()
-    hook = _Hook(list(args), command, unknown, dataclass_flags(target))
+    own = target if own is None else own
+    hook = _Hook(list(args), command, unknown, dataclass_flags(own), positional_fields(own))
     try:
         with contextlib.redirect_stderr(captured), _on_parse_error(hook):
             parsed = tyro.cli(target, args=list(args), prog=prog, default=default, description=description,
@@ -66,34 +70,84 @@ def flag_of(path: str) -> str:
     return "--" + path.replace("_", "-")
 
 
+def _hints(cls: type) -> dict[str, Any]:
+    """The annotations of a dataclass with their `Annotated` markers (empty when one names what
+    its module imports only for type checkers)."""
+    try:
+        return typing.get_type_hints(cls, include_extras=True)
+    except NameError:
+        return {}
+
+
+def _markers(hint: Any) -> tuple[Any, ...]:
+    """The tyro markers of an annotation: `Annotated[T, m1, m2]` -> (m1, m2); nested `Annotated` too."""
+    markers: tuple[Any, ...] = ()
+    while typing.get_origin(hint) is typing.Annotated:
+        markers += tuple(typing.get_args(hint)[1:])
+        hint = typing.get_args(hint)[0]
+    return markers
+
+
+def _unwrapped(hint: Any) -> Any:
+    """The type inside any `Annotated[...]` layers."""
+    while typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    return hint
+
+
+def _is_flagless(markers: Sequence[Any]) -> bool:
+    """Whether tyro gives a field with these markers no `--flag`: positional or suppressed."""
+    return any(m is tyro.conf.Positional or m is tyro.conf.Suppress for m in markers)
+
+
+def positional_fields(target: Any) -> dict[str, str]:
+    """The fields tyro reads positionally in the dataclasses of `target`, each with the name
+    its help shows (the metavar): `compare`'s `{"run_dirs": "RUN_DIR"}` (`compare A B`, never
+    `--run-dirs A B`)."""
+    if dataclasses.is_dataclass(target):
+        out = {}
+        for f in dataclasses.fields(target):
+            markers = _markers(_hints(target).get(f.name, f.type))
+            if tyro.conf.Positional in markers:
+                metavars = [m.metavar for m in markers if getattr(m, "metavar", None)]
+                out[f.name] = metavars[0] if metavars else f.name.upper()
+        return out
+    return {name: metavar for arg in typing.get_args(target) for name, metavar in positional_fields(arg).items()}
+
+
 def dataclass_flags(target: Any, prefix: str = "") -> list[str]:
     """Every flag of the dataclasses in `target` (a dataclass, or a Union / Annotated of them,
-    as tyro reads it): nested sections as `--section.field`, a section named "" flattened."""
+    as tyro reads it): nested sections as `--section.field`, a section named "" flattened;
+    positional and suppressed fields have none."""
     if dataclasses.is_dataclass(target):
         flags = []
-        try:
-            hints = typing.get_type_hints(target, include_extras=True)
-        except NameError:  # an annotation naming what its module imports only for type checkers
-            hints = {}
+        hints = _hints(target)
         for f in dataclasses.fields(target):
             hint = hints.get(f.name, f.type)
-            inner = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
-            name = "" if any(getattr(m, "name", None) == "" for m in typing.get_args(hint)[1:]) else f.name
+            markers, inner = _markers(hint), _unwrapped(hint)
+            name = "" if any(getattr(m, "name", None) == "" for m in markers) else f.name
             if dataclasses.is_dataclass(inner):
                 flags += dataclass_flags(inner, f"{prefix}{name}." if name else prefix)
-            else:
+            elif not _is_flagless(markers):
                 flags.append(flag_of(prefix + f.name))
         return flags
     return [flag for arg in typing.get_args(target) for flag in dataclass_flags(arg, prefix)]
 
 
 def did_you_mean_flag(token: str, flags: Sequence[str]) -> str:
-    """`"; did you mean --ppo.gamma?"` for the flags nearest to `token` (difflib), else `""`."""
-    close = difflib.get_close_matches(token.partition("=")[0], list(dict.fromkeys(flags)), n=3, cutoff=0.6)
+    """`"; did you mean --ppo.gamma?"` for the flags nearest to `token` (difflib), else `""`;
+    never `token` itself (it was refused)."""
+    option = token.partition("=")[0]
+    known = [flag for flag in dict.fromkeys(flags) if flag != option]
+    close = difflib.get_close_matches(option, known, n=3, cutoff=0.6)
     return "; did you mean " + " or ".join(close) + "?" if close else ""
 
 
 _ASSIGNMENT = re.compile(r"^(?:[a-z]+: )?([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*) = ")
+
+
+class Explained(ConfigError):
+    """A ConfigError already in the command line's words (`in_their_words`): printed as it is."""
 
 
 def as_command_line(message: str, fields: Sequence[str]) -> str:
@@ -107,6 +161,24 @@ def as_command_line(message: str, fields: Sequence[str]) -> str:
     return flag_of(match.group(1)) + message[match.end(1):]
 
 
+def in_their_words(exc: ConfigError, fields: Sequence[str], file: str | None = None,
+                   file_fields: Collection[str] = (), flags: Collection[str] = ()) -> str:
+    """The one line of a rejected command: each failure (several for a `FieldFailures`, "; "
+    between them) names its field where the user set it: `FILE: field = ...` for a field the
+    config file `file` sets (`file_fields`, dotted) and no flag overrides (`flags`), else the
+    flag (`as_command_line`), so an error never names a flag for a value the user wrote in a file."""
+    if isinstance(exc, Explained):
+        return str(exc)
+    failures = exc.failures if isinstance(exc, FieldFailures) else [(field_of(str(exc)), str(exc))]
+    parts = []
+    for field, message in failures:
+        if file is not None and field in file_fields and field not in flags:
+            parts.append(f"{file}: " + re.sub(r"^[a-z]+: ", "", message))
+        else:
+            parts.append(as_command_line(message, fields))
+    return "; ".join(parts)
+
+
 def flatten(box: str) -> str:
     """tyro's error box as one line: no box drawing, no help footer, whitespace collapsed."""
     text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", box).split())
@@ -117,8 +189,8 @@ class _Hook:
     """Turns tyro's parse-error events into one-line ConfigErrors (unknown events fall through)."""
 
     def __init__(self, args: list[str], command: str, unknown: Callable[[list[str]], str] | None,
-                 flags: Sequence[str] = ()) -> None:
-        self.args, self.unknown, self.flags = args, unknown, flags
+                 flags: Sequence[str] = (), positional: dict[str, str] | None = None) -> None:
+        self.args, self.unknown, self.flags, self.positional = args, unknown, flags, positional or {}
         self.prefix = f"{command}: " if command else ""
         self.see = f"(see {PROG} {command} --help)" if command else f"(see {PROG} --help)"
 
@@ -132,13 +204,16 @@ class _Hook:
 
     def message(self, event: Any) -> str | None:
         see = self.see
+        named = [a for a in self.args if a.startswith("--") and a[2:].partition("=")[0].replace("-", "_") in self.positional]
+        if named:  # a positional argument given as an option (tyro reports it as a missing value, or unknown)
+            return f"unknown option {named[0].partition('=')[0]}{self.hint(named[0])} {see}"
         if isinstance(event, tyro_errors.UnrecognizedArgs):
             if self.unknown is not None:
                 return self.unknown(list(event.tokens))
             options = [t for t in event.tokens if t.startswith("-")]
             if options:
                 what = f"option {options[0]}" if len(options) == 1 else f"options {' '.join(options)}"
-                return f"unknown {what}{did_you_mean_flag(options[0], self.flags)} {see}"
+                return f"unknown {what}{self.hint(options[0])} {see}"
             after = _flag_before(self.args, list(event.tokens)[0]) if event.tokens else None
             if after is not None:
                 return (f"{after} = {list(event.tokens)[0]!r} is invalid: {after} is a switch and takes no value "
@@ -156,6 +231,15 @@ class _Hook:
         if isinstance(event, tyro_errors.InstantiationFailure):
             return self.invalid(event.argument, event.message)
         return None
+
+    def hint(self, option: str) -> str:
+        """What to do instead of the unknown `option`: give a positional field's values without
+        its name (`compare --run-dirs A B` -> `compare A B`), or the nearest flags."""
+        name = option.partition("=")[0].lstrip("-").replace("-", "_")
+        if name in self.positional:
+            metavar = self.positional[name]
+            return f"; {metavar} is positional: give the value(s) without {option.partition('=')[0]}"
+        return did_you_mean_flag(option, self.flags)
 
     def invalid(self, argument: Any, message: str) -> str:
         """The line of a value that did not convert (a failed check: its own message)."""

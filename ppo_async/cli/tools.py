@@ -10,18 +10,11 @@ from typing import Annotated, Any, Sequence
 
 import tyro
 
+from ppo_async.cli.paths import check_output_dir, check_run_dir
 from ppo_async.errors import ConfigError
 
 RunDirs = Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR", help_behavior_hint="(one or more)")]
 Labels = Annotated[tuple[str, ...] | None, tyro.conf.arg(metavar="A B ...", help_behavior_hint="(default: the directories' names)")]
-
-
-def check_run_dir(run_dir: str) -> None:
-    """ConfigError unless `run_dir` is a directory holding metrics.jsonl."""
-    if not os.path.isdir(run_dir):
-        raise ConfigError(f"run directory {run_dir!r} does not exist")
-    if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
-        raise ConfigError(f"{run_dir!r} is not a run directory: no metrics.jsonl in it")
 
 
 def _dir_name(run_dir: str) -> str:
@@ -106,6 +99,11 @@ class PlotCommand:
             check_run_dir(run_dir)
         combined_or_relabelled = len(self.run_dirs) > 1 or self.labels is not None
         out = (self.out or default_output_dir("plots")) if combined_or_relabelled else self.out
+        if out is not None:
+            check_output_dir("--out", out)
+        if not self.labels:  # each run's own plots go into its directory
+            for run_dir in self.run_dirs:
+                check_output_dir("RUN_DIR", run_dir)
         for path in write_plots(self.run_dirs, out, self.labels):
             print(path)
         return 0
@@ -176,13 +174,11 @@ class CompareCommand:
 
         for run_dir in self.run_dirs:
             check_run_dir(run_dir)
+        out = self.out or default_compare_dir(self.run_dirs)
+        check_output_dir("--out", out)
         runs = {}
         for run_dir, label in zip(self.run_dirs, run_labels(self.run_dirs, self.labels)):
-            try:
-                runs[label] = plots.read_run_metrics(run_dir, "compare")
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-        out = self.out or default_compare_dir(self.run_dirs)
+            runs[label] = plots.read_run_metrics(run_dir, "compare")  # a corrupt line: DataFileError
         written = plots.compare_runs(runs, out)
         table = pd.concat([summarize(df, threshold=self.threshold) for df in runs.values()], ignore_index=True)
         table.index = pd.Index(list(runs), name="run")

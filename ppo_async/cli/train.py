@@ -18,12 +18,13 @@ from typing import Annotated, Any, Mapping, Sequence
 import numpy as np
 import tyro
 
-from ppo_async.cli.parsing import PROG, parse
+from ppo_async.cli.parsing import PROG, Explained, in_their_words, parse
 from ppo_async.cli.progress import Waiting
 from ppo_async.runtime.launch import peer_done_line
-from ppo_async.cli.config_file import load_config_file
-from ppo_async.config import (Config, DistributedConfig, check_given_apply, config_from_dict, get_path, presets,
-                               replace_paths)
+from ppo_async.cli.config_file import file_config, file_fields, load_config_file
+from ppo_async.config import Config, DistributedConfig, check_given_apply, get_path, presets, replace_paths
+from ppo_async.config.checks import FieldFailures, field_of, field_paths
+from ppo_async.errors import ConfigError
 
 CLI_RUN_DIR = "runs/<env>-<mode>-<timestamp>"
 """The CLI's default --run-dir (shown by `train --help`); replaced by `default_run_dir`."""
@@ -80,10 +81,22 @@ class TrainCommand:
     """The env preset's fields in the default (dotted field -> value)."""
     given: tyro.conf.Suppress[tuple] = ()
     """The dotted fields the command line sets by flag (`given_fields`)."""
+    file_fields: tyro.conf.Suppress[tuple] = ()
+    """The dotted fields the --config FILE sets."""
 
     def resolved(self) -> TrainRun:
         """The run: a plain `Config` with the CLI default run_dir made concrete, and the preset
-        fields that kept the preset's value."""
+        fields that kept the preset's value. A ConfigError names each field where the user set it."""
+        try:
+            return self._resolved()
+        except ConfigError as exc:
+            raise self.explained(exc) from None
+
+    def explained(self, exc: ConfigError) -> Explained:
+        """`exc` in the user's words: a field set in --config FILE named as its key there, else as its flag."""
+        return Explained(in_their_words(exc, train_fields(), self.config, self.file_fields, self.given))
+
+    def _resolved(self) -> TrainRun:
         cfg = self.cfg
         run_dir = cfg.run_dir if cfg.run_dir not in (None, CLI_RUN_DIR) else default_run_dir(cfg.env, cfg.mode)
         config = Config(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)}, "run_dir": run_dir})
@@ -92,7 +105,13 @@ class TrainCommand:
         return TrainRun(cfg=config, quiet=self.quiet, config=self.config, resume=self.resume, preset=applied)
 
     def run(self) -> int:
-        return run_train(self.resolved())
+        run = self.resolved()
+        try:
+            return run_train(run)
+        except Explained:
+            raise
+        except ConfigError as exc:  # e.g. run_dir (from a flag or the file) checked as the run starts
+            raise self.explained(exc) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,12 +153,55 @@ def prepare(args: Sequence[str], join: bool = False) -> tuple[list[str], TrainCo
     file_data = load_config_file(given.config) if given.config else {}
     if join and not helping:
         args += _join_processes(args, file_data)
-    base = config_from_dict(file_data) if given.config else Config()
+    base = file_config(given.config, file_data) if given.config else Config()
     env, mode = given.env or base.env, given.mode or base.mode
     preset = presets.preset_changes(env, file_data)
     if preset:  # the preset on the file's config, for the env and mode as given
         base = replace_paths(base, {"env": env, "mode": mode, **preset})
-    return args, TrainCommand(cfg=cli_config(base), config=given.config, preset=preset, given=given_fields(args))
+    return args, TrainCommand(cfg=cli_config(base), config=given.config, preset=preset, given=given_fields(args),
+                              file_fields=tuple(file_fields(file_data)))
+
+
+def train_fields() -> list[str]:
+    """The names a train error may start with that the command line spells as flags."""
+    return [*field_paths(Config), *(f.name for f in dataclasses.fields(TrainCommand))]
+
+
+def train_error(exc: ConfigError, args: Sequence[str]) -> Explained:
+    """A rejected `train ARGS` as one line in the user's words (`in_their_words`: each field
+    named by the flag or the --config FILE key that set it), an unknown env they named first:
+    the parse leaves the env check out (a gymnax name starts JAX), so it is made here, for a
+    command line refused anyway."""
+    if isinstance(exc, Explained):
+        return exc
+    flags, config, fields, env = _origins(args)
+    failures = exc.failures if isinstance(exc, FieldFailures) else [(field_of(str(exc)), str(exc))]
+    if env is not None and all(field != "env" and f"env = {env!r}" not in message for field, message in failures):
+        from ppo_async.envs.registry import check_env_name
+
+        try:
+            check_env_name(env)
+        except ConfigError as env_error:
+            failures = [("env", str(env_error)), *failures]
+    return Explained(in_their_words(FieldFailures(failures), train_fields(), config, fields, flags))
+
+
+def _origins(args: Sequence[str]) -> tuple[tuple[str, ...], str | None, tuple[str, ...], str | None]:
+    """(the fields `train ARGS` sets by flag, its --config FILE, the fields the file sets, the
+    env the flags or the file name); what cannot be read is left out."""
+    flags = given_fields(args)
+    try:
+        given, _ = parse(_Given, args, command="train", return_unknown_args=True, add_help=False)
+    except ConfigError:
+        return flags, None, (), None
+    data: dict = {}
+    if given.config:
+        try:
+            data = load_config_file(given.config)
+        except ConfigError:
+            pass
+    env = given.env or data.get("env")
+    return flags, given.config, tuple(file_fields(data)), env if isinstance(env, str) else None
 
 
 def given_fields(args: Sequence[str]) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from typing import Annotated
 import tyro
 
 from ppo_async.cli.config_file import load_config_file
+from ppo_async.cli.paths import check_output_dir
 from ppo_async.cli.train import default_run_dir
 from ppo_async.config.presets import describe
 
@@ -48,6 +49,7 @@ class TuneCommand:
 
         config, filled = start_config(load_config_file(self.config) if self.config else {}, self.env)
         out = self.out or default_run_dir(config.env, "tune").replace(f"{config.env}-tune", f"tune-{config.env}")
+        check_output_dir("--out", out)
         if not self.quiet:
             print(f"tune {config.env} from {self.config or 'the default config'}; filled in: {describe(filled) or 'nothing'}",
                   flush=True)

@@ -26,6 +26,9 @@ from ppo_async.config.checks import (
     _fail,
     _inert,
     check_field_types,
+    every_failure,
+    failure_of,
+    stop_if_failed,
 )
 from ppo_async.config.resources import budget_blame, check_sizes
 from ppo_async.envs.registry import (
@@ -371,7 +374,8 @@ class ThreadedConfig:
             isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in lat
         ):
             _fail("threaded.sampler_step_latency_ms", lat, "must be a sequence of numbers >= 0")
-        object.__setattr__(self, "sampler_step_latency_ms", tuple(float(x) for x in lat))
+        else:
+            object.__setattr__(self, "sampler_step_latency_ms", tuple(float(x) for x in lat))
         if lat and len(lat) != self.num_samplers:
             _fail(
                 "threaded.sampler_step_latency_ms", lat,
@@ -402,7 +406,7 @@ class ThreadedConfig:
                 isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices
             ):
                 _fail(f"threaded.{name}", devices, "must be a sequence of device indices >= 0 (into jax.devices())")
-            if len(set(devices)) != len(devices):
+            elif len(set(devices)) != len(devices):
                 _fail(f"threaded.{name}", devices, "must not repeat a device")
             object.__setattr__(self, name, tuple(devices))
 
@@ -470,7 +474,7 @@ class DistributedConfig:
                 _fail(f"distributed.{given[0]}", getattr(self, given[0]), f"must be left unset with distributed.cluster = "
                       f"{self.cluster!r} (the cluster gives num_processes, process_id and coordinator_address)")
             return
-        if self.num_processes == 1:
+        if self.num_processes <= 1:
             for name in ("process_id", "coordinator_address"):
                 if getattr(self, name) is not None:
                     _inert(f"distributed.{name}", getattr(self, name), "distributed.num_processes = 1 (one process)")
@@ -480,8 +484,9 @@ class DistributedConfig:
             return
         if self.process_id is None:
             _fail("distributed.process_id", None, f"must be set (0 .. {self.num_processes - 1}) with num_processes = {self.num_processes}")
-        _check_int("distributed.process_id", self.process_id, 0)
-        if self.process_id >= self.num_processes:
+        else:
+            _check_int("distributed.process_id", self.process_id, 0)
+        if self.process_id is not None and self.process_id >= self.num_processes:
             _fail("distributed.process_id", self.process_id, f"must be < distributed.num_processes = {self.num_processes}")
         address = self.coordinator_address
         host, _, port = (address or "").rpartition(":")
@@ -541,6 +546,10 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def __post_init__(self) -> None:
+        with every_failure():  # one ConfigError naming every failed field, the env first
+            self._check_fields()
+
+    def _check_fields(self) -> None:
         check_field_types(self)
         _check_int("seed", self.seed, 0)
         _check_int("num_seeds", self.num_seeds, 1)
@@ -553,9 +562,9 @@ class Config:
         for name, cls in (("env_options", EnvOptions), ("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig), ("distributed", DistributedConfig)):
             if not isinstance(getattr(self, name), cls):
                 _fail(name, getattr(self, name), f"must be a {cls.__name__}")
+        stop_if_failed(then=self._check_env_name)  # the rules below compare fields with each other
         check_sizes(self)  # int32 and sane bounds, before any rule that multiplies them
-        if not _ENV_CHECK_DEFERRED.get():  # after the env-free checks: a gymnax name imports gymnax (and JAX)
-            check_env_name(self.env)
+        self._check_env_name()  # after the env-free checks: a gymnax name imports gymnax (and JAX)
         # after the name check: an unknown name is reported as such, not as the wrong mode for it
         if split_env_name(self.env)[0] in HOST_ENV_FAMILIES and self.mode != "threaded":
             _fail("mode", self.mode,
@@ -591,12 +600,15 @@ class Config:
                 _fail(blame, getattr(self.rollout, blame.partition(".")[2]),
                       f"the learner batch ({self._batch_formula()} = {self.batch_size:,}) must fit in "
                       f"total_env_steps = {self.total_env_steps:,}")
-            _fail(
-                "total_env_steps",
-                self.total_env_steps,
-                f"must be at least one learner batch ({self._batch_formula()} = {self.batch_size})",
-            )
+            else:
+                _fail("total_env_steps", self.total_env_steps,
+                      f"must be at least one learner batch ({self._batch_formula()} = {self.batch_size})")
         check_fields_apply(self)
+
+    def _check_env_name(self) -> None:
+        if not _ENV_CHECK_DEFERRED.get():
+            with failure_of("env"):
+                check_env_name(self.env)
 
     def _check_buffer_capacity(self) -> None:
         tcfg = self.threaded

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from ppo_async.errors import DataFileError
 from ppo_async.report.health import short_warning
 
 # Columns every mode writes (DESIGN.md vocabulary). Later modes add their own.
@@ -105,28 +106,53 @@ class JsonlWriter:
 
 
 def iter_jsonl(path: str | os.PathLike, columns: Iterable[str] | None = None) -> Iterator[dict[str, Any]]:
-    """The rows of a metrics.jsonl one at a time (a torn last line from a killed run is
-    ignored; a bad line before the last raises json.JSONDecodeError); with `columns`, each row
-    keeps only those of its fields. Nothing but the current row is held."""
+    """The rows of a metrics.jsonl one at a time; with `columns`, each row keeps only those of
+    its fields. Nothing but the current row is held.
+
+    A torn last line (a killed run) is ignored. Raises `DataFileError` (a ConfigError) naming
+    the file and the 1-based line for any other line that is not JSON, a line that is not a
+    JSON object, or bytes that are not UTF-8; OSError (e.g. FileNotFoundError) as `open` does.
+    """
     keep = None if columns is None else set(columns)
-    torn = None  # a line that did not parse: an error unless it is the last one
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
+    torn: DataFileError | None = None  # a line that did not parse: an error unless it is the last one
+    with open(path, "rb") as f:  # bytes, decoded line by line: a bad byte is named by its line
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             if torn is not None:
                 raise torn
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                torn = exc
+                row = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                torn = bad_line(path, number, _not_json(exc) + "; only a torn last line (a killed run) is skipped")
                 continue
+            if not isinstance(row, dict):
+                raise bad_line(path, number, f"a JSON {type(row).__name__} where a row (a JSON object) belongs")
             yield row if keep is None else {k: v for k, v in row.items() if k in keep}
+
+
+def _not_json(exc: UnicodeDecodeError | json.JSONDecodeError) -> str:
+    """What is wrong with a line that did not parse, and where in it."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text ({exc.reason} at byte {exc.start + 1})"
+    return f"not JSON ({exc.msg}, column {exc.colno})"
+
+
+def bad_line(path: str | os.PathLike, number: int, what: str) -> DataFileError:
+    """The error of line `number` (1-based) of the file `path`: `PATH, line N: WHAT`."""
+    return DataFileError(f"{os.fspath(path)}, line {number}: {what}")
+
+
+def first_row(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The first row of a metrics.jsonl (`iter_jsonl`), None when it has none (an empty file,
+    or one torn line); reads no further than that row."""
+    return next(iter(iter_jsonl(path)), None)
 
 
 def read_jsonl(path: str | os.PathLike, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """All rows of a metrics.jsonl (a torn last line from a killed run is ignored), read line by
-    line (`iter_jsonl`); with `columns`, each row keeps only those of its fields."""
+    line (`iter_jsonl`); with `columns`, each row keeps only those of its fields. Raises
+    `DataFileError` naming the file and the 1-based line of a corrupt line."""
     return list(iter_jsonl(path, columns))
 
 

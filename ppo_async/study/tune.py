@@ -56,6 +56,8 @@ from ppo_async.config import presets
 from ppo_async.report.analysis import run_measurements, summarize
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
 from ppo_async.core.lag import write_schedule
+from ppo_async.errors import DataFileError
+from ppo_async.report.metrics import read_jsonl
 from ppo_async.study.sweep import sweep
 from ppo_async.modes.train import train
 
@@ -218,20 +220,17 @@ class _Tuner:
         os.makedirs(os.path.join(self.out, "schedules"), exist_ok=True)
         meta = {"config": config_to_dict(base), "kl_target": self.kl_target, "budget_per_run": budget, "seeds": self.seeds}
         meta_path = os.path.join(self.out, "tune.json")
-        if os.path.isfile(meta_path):
-            with open(meta_path, encoding="utf-8") as f:
-                if json.load(f) != json.loads(json.dumps(meta)):
-                    raise ConfigError(f"--out {self.out!r} holds a tune of another config or options (tune.json); "
-                                      "give another --out or delete it")
+        if os.path.isfile(meta_path) and _read_json(meta_path) != json.loads(json.dumps(meta)):
+            raise ConfigError(f"--out {self.out!r} holds a tune of another config or options (tune.json); "
+                              "give another --out or delete it")
         with open(meta_path, "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)
         path = os.path.join(self.out, MEASUREMENTS_FILE)
         if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        row = json.loads(line)
-                        self.done[row["key"]] = row
+            for number, row in enumerate(read_jsonl(path), start=1):  # a corrupt line: DataFileError
+                if "key" not in row:
+                    raise DataFileError(f"{path}: row {number} has no 'key' (not a tune's measurements)")
+                self.done[row["key"]] = row
 
     def say(self, text: str) -> None:
         if self.progress:
@@ -299,6 +298,15 @@ class _Tuner:
     def schedule_path(self, changes: Mapping[str, Any]) -> str:
         """The recorded version schedule of the first seed of a measured setting."""
         return os.path.join(self.schedule_dir, f"{_slug(changes)}-seed{self.base.seed}.jsonl")
+
+
+def _read_json(path: str) -> Any:
+    """The JSON document in `path`; DataFileError naming the file and the 1-based line when it does not parse."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as exc:
+            raise DataFileError(f"{path}, line {exc.lineno}: not JSON ({exc.msg}, column {exc.colno})") from None
 
 
 def with_latency(base: Config, changes: Mapping[str, Any]) -> dict[str, Any]:
