@@ -24,7 +24,10 @@ part), the third in async mode:
   objective instead of decoupled PPO (the clip around the behaviour policy), a barrier
   (`threaded.barrier`: the same samplers and chunks at lag 0), to tell lag from the rest, or
   the barrier family's best factor (initial log-std -0.5) under lag; `async+log_std_-0.5+<factor>`
-  changes one thing of today's async mode (the preset with that log-std).
+  changes one thing of today's async mode (the preset with that log-std); `+learner_norm` is
+  that config on the code with learner-owned normalisation (issue 39; the factor is the code,
+  so its manifest's commit is part of the row) and `+learner_norm+stats_before_sgd` merges the
+  learner's statistics before its SGD steps instead of after.
 
 The summary (OUT/summary.txt, OUT/table.csv) gives per variant and env the mean final training
 return (stochastic policy, episode-weighted over the last 10% of iterations, as CleanRL reports)
@@ -83,6 +86,13 @@ VARIANTS: dict[str, dict] = {
     # does an entropy bonus (Brax's tuned envs use 1e-2) that keeps the std up let async catch up?
     # (Measured: no; the entropy stays up and the early return is as slow.)
     "async+log_std_-0.5+ent_0.01": {"network.init_log_std": -0.5, "ppo.ent_coef": 0.01},
+    # Learner-owned normalisation (issue 39): the same config as async+log_std_-0.5, run on the code
+    # from f4cd885 on, where trajectories carry raw observations and rewards and the learner
+    # normalises each batch with its own statistics (the factor is the code, not a field: its
+    # manifest's commit says which). Its runs are the pending benchmark's async Hopper runs.
+    "async+log_std_-0.5+learner_norm": {"network.init_log_std": -0.5},
+    # ... and its statistics merged before the SGD steps instead of after (Sample Factory's order).
+    "async+log_std_-0.5+learner_norm+stats_before_sgd": {"network.init_log_std": -0.5, "rollout.stats_update": "before_sgd"},
 }
 """Variant name -> dotted config fields set over the env's preset and its mode (`mode_of`)."""
 

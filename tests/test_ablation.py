@@ -36,7 +36,9 @@ def test_async_variants_change_one_thing_of_the_async_mode():
                                                                                "async+lag_0", "async+log_std_-0.5",
                                                                                "async+log_std_-0.5+vtrace",
                                                                                "async+log_std_-0.5+lr_1.5e-4",
-                                                                               "async+log_std_-0.5+ent_0.01"]
+                                                                               "async+log_std_-0.5+ent_0.01",
+                                                                               "async+log_std_-0.5+learner_norm",
+                                                                               "async+log_std_-0.5+learner_norm+stats_before_sgd"]
     base = config_of("async")
     assert (base.threaded.num_samplers, base.threaded.chunks_per_batch, base.rollout.num_envs) == (4, 4, 4)
     assert (base.threaded.barrier, base.ppo.objective) == (False, "decoupled")
@@ -47,6 +49,9 @@ def test_async_variants_change_one_thing_of_the_async_mode():
     assert config_of("async+log_std_-0.5+vtrace") == replace_paths(today, {"ppo.advantage_estimator": "vtrace"})
     assert config_of("async+log_std_-0.5+lr_1.5e-4") == replace_paths(today, {"ppo.learning_rate": 1.5e-4})
     assert config_of("async+log_std_-0.5+ent_0.01") == replace_paths(today, {"ppo.ent_coef": 0.01})
+    # learner-owned normalisation: the factor is the code (the same config), then when it updates
+    assert config_of("async+log_std_-0.5+learner_norm") == today
+    assert config_of("async+log_std_-0.5+learner_norm+stats_before_sgd") == replace_paths(today, {"rollout.stats_update": "before_sgd"})
     assert base.batch_size == config_of("preset").batch_size == 2048  # the same samples per update as barrier
 
 
