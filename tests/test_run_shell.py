@@ -168,11 +168,19 @@ def test_mode_files_write_nothing_themselves():
 
 def test_every_mode_is_registered_and_unknown_names_are_clear():
     assert set(pa.modes.registry.mode_names()) >= {"sync", "simulated", "threaded"}
-    assert pa.get_mode("sync").resumable and not pa.get_mode("threaded").resumable
+    assert pa.get_mode("sync").resumable and not pa.get_mode("threaded").resumable  # (exactly)
+    assert all(pa.get_mode(name).can_resume for name in ("sync", "simulated", "threaded"))
     with pytest.raises(pa.ConfigError, match=r"mode = 'nope' is not available; registered modes: \['simulated', 'sync', 'threaded'"):
         pa.get_mode("nope")
-    with pytest.raises(pa.ConfigError, match="resume is not supported for mode='threaded'"):
-        pa.train(pa.Config(mode="threaded", run_dir="unused", **TINY), resume=True)
+    # a mode that cannot resume is refused, with its reason (none of the built-in ones now)
+    pa.register_mode(pa.Mode(name="frozen", run=None, checkpoint_like=None, resumable=False, why_not_resumable="why"))
+    try:
+        config = pa.Config(run_dir="unused", **TINY)
+        object.__setattr__(config, "mode", "frozen")  # Config validates the built-in names; the registry is open
+        with pytest.raises(pa.ConfigError, match=r"resume is not supported for mode='frozen' \(why\)"):
+            pa.train(config, resume=True)
+    finally:
+        pa.modes.registry._MODES.pop("frozen")
 
 
 def test_a_registered_mode_is_found_by_train(tmp_path):

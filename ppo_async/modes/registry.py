@@ -23,8 +23,13 @@ class Mode:
         (rows, checkpoints), the `RunRecorder` says *what is written*.
       checkpoint_like: `checkpoint_like(config)` -> the abstract (ShapeDtypeStruct) pytree
         its checkpoints hold, for restoring; its `.train_state` has a leading seed axis.
-      resumable: whether `train(..., resume=True)` can continue its runs exactly.
-      why_not_resumable: the reason given when it cannot.
+      resumable: whether `train(..., resume=True)` continues its runs exactly (a resumed run
+        computes bit for bit what the uninterrupted one would have: sync, simulated). What
+        needs that (a benchmark that compares runs) tests this.
+      why_not_resumable: the reason when it does not.
+      resumes_learner: whether `train(..., resume=True)` continues its runs all the same, not
+        exactly: the learner's whole state restored exactly, what depends on timing made anew
+        (threaded: the lag).
     """
 
     name: str
@@ -32,6 +37,12 @@ class Mode:
     checkpoint_like: Callable[[Any], Any]
     resumable: bool = True
     why_not_resumable: str = ""
+    resumes_learner: bool = False
+
+    @property
+    def can_resume(self) -> bool:
+        """Whether `train(..., resume=True)` continues its runs (exactly or not)."""
+        return self.resumable or self.resumes_learner
 
 
 _MODES: dict[str, Mode] = {}

@@ -8,6 +8,8 @@ mode's host loop says when. Nothing here knows how a mode works.
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from typing import Any, Callable
 
 from ppo_async.config import Config, ConfigError, check_config_type
@@ -16,9 +18,10 @@ from ppo_async.runtime.distributed import initialize, is_multi_process, process_
 from ppo_async.run.policy import Policy, check_seed_index
 from ppo_async.run.recorder import RunRecorder, import_wandb
 from ppo_async.modes.common import seed_labels
-from ppo_async.modes.registry import get_mode
+from ppo_async.modes.registry import Mode, get_mode
+from ppo_async.run.checkpoint import Checkpointer
 from ppo_async.run.result import TrainResult
-from ppo_async.run.rundir import check_can_start, read_run_config, restore_checkpoint
+from ppo_async.run.rundir import check_can_start, checkpoint_dir, read_run_config, restore_checkpoint
 
 
 def train(
@@ -44,12 +47,14 @@ def train(
         (the config must match the checkpoint's, up to run_dir / checkpoint_every /
         keep_checkpoints / wandb_project). metrics.jsonl is cut back to the checkpoint's
         iteration and the continued run computes bit for bit what the uninterrupted run
-        would have. `TrainResult.metrics` then holds the earlier rows too.
+        would have (`Mode.resumable`: sync, simulated; a threaded run restores its learner
+        exactly and makes its lag anew, `Mode.resumes_learner`). `TrainResult.metrics` then
+        holds the earlier rows too. On Ctrl-C a line on stderr says how to resume the run.
     """
     check_config_type(config)
     check_fits_machine(config)  # before anything is allocated or compiled
     mode = get_mode(config.mode)
-    if resume and not mode.resumable:
+    if resume and not mode.can_resume:
         raise ConfigError(f"resume is not supported for mode={config.mode!r} ({mode.why_not_resumable})")
     if resume and config.run_dir is None:
         raise ConfigError("resume=True needs config.run_dir (the run to continue)")
@@ -66,8 +71,30 @@ def train(
                            writes_files=process == 0, process_log=log)
     try:
         return mode.run(config, recorder, resume)
+    except KeyboardInterrupt:  # Ctrl-C: say how to continue (the mode kept what was done)
+        hint = resume_hint(config, mode) if process == 0 else None
+        if hint:
+            print(hint, file=sys.stderr, flush=True)
+        raise
     finally:
         recorder.close()
+
+
+def resume_hint(config: Config, mode: Mode) -> str | None:
+    """The line that tells an interrupted run how to continue: the exact command (and the
+    Python call) when its mode resumes and its run directory holds a complete checkpoint;
+    None otherwise (reading the checkpoints must not hide the interruption)."""
+    if config.run_dir is None or not mode.can_resume or not os.path.isdir(checkpoint_dir(config.run_dir)):
+        return None
+    try:
+        with Checkpointer(checkpoint_dir(config.run_dir), max_to_keep=config.keep_checkpoints) as ckpt:
+            step = ckpt.latest_step()
+    except Exception:  # noqa: BLE001 - no hint rather than a second error
+        return None
+    if step is None:
+        return None
+    return (f"interrupted; the checkpoint of iteration {step} is kept. Resume with: python -m ppo_async train "
+            f"--resume {shlex.quote(config.run_dir)}   (Python: pa.resume({config.run_dir!r}))")
 
 
 def resume(

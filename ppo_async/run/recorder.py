@@ -199,10 +199,11 @@ class RunRecorder:
 
     # ------------------------------------------------------------------ set-up
 
-    def resume_from(self, state_like: Any) -> Any:
+    def resume_from(self, state_like: Any, check: Callable[[dict[str, Any]], None] | None = None) -> Any:
         """Restores the latest checkpoint of `config.run_dir` into `state_like`'s structure.
 
-        Checks that the config matches the checkpoint's (up to `RESUME_FREE_FIELDS`), cuts
+        Checks that the config matches the checkpoint's (up to `RESUME_FREE_FIELDS`) and, with
+        `check`, the mode's own test of the metadata (it raises to refuse); then cuts
         metrics.jsonl back to the checkpoint's iteration and remembers its counters; returns
         the restored state. Call before opening the recorder.
         """
@@ -210,6 +211,8 @@ class RunRecorder:
             raise ConfigError("resume=True needs config.run_dir (the run to continue)")
         state, meta = rundir.restore_checkpoint(self.run_dir, state_like, self.config.keep_checkpoints)
         rundir.check_config_matches(self.config, meta, RESUME_FREE_FIELDS)
+        if check is not None:
+            check(meta)
         iteration = int(meta["iteration"])
         earlier = rundir.truncate_metrics(self.run_dir, iteration, len(self.labels), self.config.log_every)
         for index, row in enumerate(earlier):  # the warnings' running state, as the run left it
@@ -220,6 +223,13 @@ class RunRecorder:
         self.last_saved_iteration = self.last_iteration = iteration
         self.resumed_meta = meta
         return state
+
+    def cut_schedule(self, filename: str) -> None:
+        """Cuts RUN_DIR/filename (a version schedule appended per iteration) back to the records
+        of the resumed checkpoint's iterations (a torn last line of a killed run goes too). Call
+        after `resume_from`; a missing file is left missing."""
+        if self.run_dir and self.resumed_meta is not None:
+            rundir.truncate_schedule(os.path.join(self.run_dir, filename), self.first_iteration - 1)
 
     def resumed_counter(self, name: str) -> np.ndarray:
         """Per row, a counter (e.g. `samples_consumed`) at the resumed checkpoint; zeros when fresh."""
@@ -332,12 +342,14 @@ class RunRecorder:
             out.append(float(np.mean(np.asarray(returns))))
         return out
 
-    def record(self, rows: list[dict[str, Any]], iteration: int, state: Callable[[], Any] | None = None) -> None:
+    def record(self, rows: list[dict[str, Any]], iteration: int, state: Callable[[], Any] | None = None,
+               mode_state: Callable[[], dict[str, Any]] | None = None) -> None:
         """Checks and writes one learner iteration's rows (one per label), then checkpoints if due.
 
         Every row must carry the `ACCOUNTING_FIELDS` and `env_steps`. Raises NonFiniteError
         for NaN/inf env values or losses, AssertionError when the accounting identity fails.
-        `state()` returns the pytree to checkpoint (called only when one is due).
+        `state()` returns the pytree to checkpoint (called only when one is due);
+        `mode_state()` the mode's own JSON metadata for it (`save_checkpoint`).
         """
         for row in rows:
             check_env_values(row, self.config.env, iteration)
@@ -354,7 +366,7 @@ class RunRecorder:
         if iteration % self.config.log_every == 0 or iteration == self.config.num_iterations:
             self._write_rows(self._window)
         if snapshot is not None and self.checkpoint_due(iteration):
-            self.save_checkpoint(iteration, snapshot, rows)
+            self.save_checkpoint(iteration, snapshot, rows, None if mode_state is None else mode_state())
         if self._bar is not None:
             self._bar.update(int(rows[0]["env_steps"]), rows[0])
         if self.on_iteration is not None:
@@ -406,8 +418,10 @@ class RunRecorder:
         """Each kind of warning once, as it first appeared (see `ppo_async.report.health`)."""
         return list(self._first_warnings.values())
 
-    def save_checkpoint(self, iteration: int, state: Any, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Writes checkpoint `iteration` with the metadata a resume needs (counters per row)."""
+    def save_checkpoint(self, iteration: int, state: Any, rows: Sequence[Mapping[str, Any]],
+                        mode_state: dict[str, Any] | None = None) -> None:
+        """Writes checkpoint `iteration` with the metadata a resume needs (counters per row; a
+        mode's own JSON state, e.g. a threaded learner's RNG key, under `mode_state`)."""
         if self._checkpointer is None:
             return
         meta = {
@@ -421,15 +435,17 @@ class RunRecorder:
             "samples_dropped": [int(row["samples_dropped"]) for row in rows],
             "wall_time": float(rows[0]["wall_time"]),
         }
+        if mode_state is not None:
+            meta["mode_state"] = mode_state
         self._checkpointer.save(iteration, state, meta)
         self.last_saved_iteration = iteration
 
-    def final_checkpoint(self, state: Callable[[], Any]) -> None:
+    def final_checkpoint(self, state: Callable[[], Any], mode_state: Callable[[], dict[str, Any]] | None = None) -> None:
         """Checkpoints the last recorded iteration unless it was just saved (runs stopped early)."""
         if self._checkpointer is not None and self.last_iteration > self.last_saved_iteration and self._last_rows:
             if self._window:
                 self._write_rows(self._window)  # the checkpoint's rows are on disk before it
-            self.save_checkpoint(self.last_iteration, state(), self._last_rows)
+            self.save_checkpoint(self.last_iteration, state(), self._last_rows, None if mode_state is None else mode_state())
 
     def append_schedule(self, filename: str, records: Iterable[Mapping[str, Any]]) -> None:
         """Appends version-schedule records (`ppo_async.core.lag` format) to RUN_DIR/filename and

@@ -245,11 +245,25 @@ def truncate_metrics(run_dir: str, iteration: int, num_rows: int, log_every: int
             f"cannot resume {run_dir!r}: metrics.jsonl has {len(kept)} rows up to iteration {iteration}, "
             f"expected {expected} ({num_rows} per logged iteration, log_every = {log_every})"
         )
+    _rewrite_jsonl(path, kept)
+    return kept
+
+
+def truncate_schedule(path: str, iteration: int) -> None:
+    """Cuts a version schedule (JSON lines, one record per consumed chunk, appended as the run
+    goes) back to the records of iterations <= `iteration`, atomically; a torn last line of a
+    killed run goes too. A missing file is left missing."""
+    if not os.path.isfile(path):
+        return
+    _rewrite_jsonl(path, [record for record in read_jsonl(path) if record.get("iteration", 0) <= iteration])
+
+
+def _rewrite_jsonl(path: str, records: list[dict[str, Any]]) -> None:
+    """Replaces `path` by `records` as JSON lines, atomically (a crash leaves the old file or the new)."""
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        for row in kept:
-            f.write(json.dumps(row, allow_nan=False) + "\n")
+        for record in records:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return kept
