@@ -21,13 +21,21 @@ sampler makes exactly one rollout per policy version with the latest params, and
 batch holds one rollout from every sampler (lag 0, the slowest sampler sets the pace).
 
 The calling thread (`run`) only logs and watches: an exception in any thread stops every thread
-and is re-raised from `train()`; Ctrl-C stops every thread, writes what was done and re-raises
-KeyboardInterrupt. Every thread is named and joined; every blocking call has a timeout.
+and is re-raised from `train()`; a thread that is stuck (no progress for `threaded.timeout_s`
+in its own work) or dead, or threads that all wait for each other, stop the run with a
+`StalledThread` naming them, while a slow thread that keeps stepping is never a failure
+(`liveness`); Ctrl-C stops every thread, writes what was done (a final checkpoint) and
+re-raises KeyboardInterrupt. Every thread is named and joined; every blocking call has a timeout.
 
-Modules: `shared` (what the threads share), `sampler`, `learner`, `programs` (compiled
-programs, set-up, checkpoint layout), `memory` (device sizes), `run` (the calling thread and
-the mode's registration). May import: every layer below `modes` and `modes.common` /
-`modes.registry`.
+A run resumes from its latest checkpoint (`resume`): the learner's whole state exactly (train
+state, RNG key, KL controller, sample totals), the samplers restarted from its params; the lag
+history is not replayed (rows after the resume carry `resumed_at_iteration`).
+
+Modules: `shared` (what the threads share), `liveness` (heartbeats and the stall rule),
+`sampler`, `learner`, `resume` (what a checkpoint carries beside the train state),
+`programs` (compiled programs, set-up, checkpoint layout), `memory` (device sizes), `run` (the
+calling thread and the mode's registration). May import: every layer below `modes` and
+`modes.common` / `modes.registry`.
 """
 
 from ppo_async.modes.threaded.learner import (
@@ -39,6 +47,7 @@ from ppo_async.modes.threaded.learner import (
     take_batch,
     threaded_accounting,
 )
+from ppo_async.modes.threaded.liveness import BeatingEnv, Heartbeat, StalledThread, find_stall
 from ppo_async.modes.threaded.memory import check_buffer_fits, device_memory_report, tree_bytes
 from ppo_async.modes.threaded.programs import (
     ThreadedCheckpoint,
@@ -62,16 +71,26 @@ from ppo_async.modes.threaded.run import (
     start_threads,
     stop_threads,
 )
+from ppo_async.modes.threaded.resume import LearnerStart, ResumePoint
 from ppo_async.modes.threaded.sampler import FreshnessGate, Sampler, sampler_loop
-from ppo_async.modes.threaded.shared import POLL_S, LearnerOutput, RunShared, SamplerStats, ThreadError, ThreadFailure
+from ppo_async.modes.threaded.shared import (
+    POLL_S,
+    LearnerOutput,
+    LearnerState,
+    RunShared,
+    SamplerStats,
+    ThreadError,
+    ThreadFailure,
+)
 from ppo_async.runtime.placement import Placement, resolve_placement
 
 __all__ = [
-    "FreshnessGate", "IterationTimes", "JOIN_TIMEOUT_S", "LOG_QUEUE_SIZE", "Learner", "LearnerOutput", "MODE", "POLL_S",
-    "Placement", "RunShared", "Sampler", "SamplerStats", "ThreadError", "ThreadFailure", "ThreadedCheckpoint",
+    "BeatingEnv", "FreshnessGate", "Heartbeat", "IterationTimes", "JOIN_TIMEOUT_S", "LOG_QUEUE_SIZE", "Learner",
+    "LearnerOutput", "LearnerStart", "LearnerState", "MODE", "POLL_S", "Placement", "ResumePoint", "RunShared",
+    "Sampler", "SamplerStats", "StalledThread", "ThreadError", "ThreadFailure", "ThreadedCheckpoint",
     "ThreadedPrograms", "ThreadedSetup", "VERSION_SCHEDULE_FILE", "check_buffer_fits", "clear_program_cache",
-    "controller_limits", "device_memory_report", "lag_buckets_of", "learner_loop", "learner_row", "make_learner_update",
-    "make_threaded_setup", "program_key", "resolve_placement", "run_threaded", "sampler_loop", "start_threads",
-    "stop_threads", "take_batch", "threaded_accounting", "threaded_checkpoint", "threaded_checkpoint_like",
-    "threaded_programs", "tree_bytes",
+    "controller_limits", "device_memory_report", "find_stall", "lag_buckets_of", "learner_loop", "learner_row",
+    "make_learner_update", "make_threaded_setup", "program_key", "resolve_placement", "run_threaded",
+    "sampler_loop", "start_threads", "stop_threads", "take_batch", "threaded_accounting", "threaded_checkpoint",
+    "threaded_checkpoint_like", "threaded_programs", "tree_bytes",
 ]

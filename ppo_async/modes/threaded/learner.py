@@ -1,5 +1,7 @@
 """The learner thread: take a batch of chunks, update, publish the new params, account for every
-sample, hand the metrics row to the logging thread; and the online KL controller's step."""
+sample, hand the metrics row to the logging thread; and the online KL controller's step. A
+resumed run's learner starts from its checkpoint (`resume.LearnerStart`): its iterations,
+version, sample totals and wall time continue from there."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from ppo_async.config import Config
 from ppo_async.core import kl_control
 from ppo_async.core.lag import schedule_record
 from ppo_async.core.types import TrainState, snapshot_of
-from ppo_async.modes.threaded.shared import POLL_S, LearnerOutput, RunShared, SamplerStats
+from ppo_async.modes.threaded.liveness import DEVICE, WAIT, WORK
+from ppo_async.modes.threaded.resume import LearnerStart
+from ppo_async.modes.threaded.shared import POLL_S, LearnerOutput, LearnerState, RunShared, SamplerStats
 from ppo_async.report.metrics import to_python
 from ppo_async.runtime import distributed
 from ppo_async.runtime.buffer import ChunkTag
@@ -51,31 +55,39 @@ def with_max_lag(hparams: Any, max_lag: int | None) -> Any:
 
 
 def threaded_accounting(
-    buffer_counters: Mapping[str, int], chunk_size: int, discarded: int, consumed: int, dropped_stale: int
+    buffer_counters: Mapping[str, int], chunk_size: int, discarded: int, consumed: int, dropped_stale: int,
+    start: LearnerStart = LearnerStart(),
 ) -> dict[str, int]:
     """The sample accounting of a threaded run at one instant (pure).
 
     Args:
       buffer_counters: `RingBuffer.counters()`: chunks `added`, `overwritten`, resident `size`.
       chunk_size: transitions per chunk.
-      discarded: transitions discarded by forced refreshes (all samplers).
-      consumed: transitions the learner consumed so far.
-      dropped_stale: transitions the learner dropped as staler than `lag.max_lag` so far.
+      discarded: transitions discarded by forced refreshes (all samplers of this process).
+      consumed: transitions the learner consumed so far (a resumed run's included).
+      dropped_stale: transitions the learner dropped as staler than `lag.max_lag` so far (likewise).
+      start: a resumed run's totals at its checkpoint (the buffer's and samplers' counters
+        start again from 0); a fresh run's are zeros.
 
     Returns:
       `samples_produced = samples_consumed + samples_dropped + samples_resident` (by
-      construction when nothing is lost) and the three kinds of drop.
+      construction when nothing is lost) and the kinds of drop; a resumed run's rows add
+      `dropped_at_resume`, the samples resident in the buffer when a run stopped.
     """
-    overwritten = buffer_counters["overwritten"] * chunk_size
-    return {
-        "samples_produced": buffer_counters["added"] * chunk_size + discarded,
+    overwritten = start.overwritten + buffer_counters["overwritten"] * chunk_size
+    forced = start.forced + discarded
+    accounting = {
+        "samples_produced": start.produced + buffer_counters["added"] * chunk_size + discarded,
         "samples_consumed": consumed,
-        "samples_dropped": discarded + overwritten + dropped_stale,
+        "samples_dropped": forced + overwritten + dropped_stale + start.lost,
         "samples_resident": buffer_counters["size"] * chunk_size,
-        "dropped_forced_refresh": discarded,
+        "dropped_forced_refresh": forced,
         "dropped_overwritten": overwritten,
         "dropped_stale_total": dropped_stale,
     }
+    if start.resumed:
+        accounting["dropped_at_resume"] = start.lost
+    return accounting
 
 
 LEARNER_PHASES = {
@@ -162,11 +174,12 @@ def learner_row(
 def take_batch(shared: RunShared, iteration: int) -> list | None:
     """`chunks_per_batch` `(chunk, ChunkTag)` items from the buffer; None when the run is stopping.
 
-    Raises TimeoutError after `threaded.timeout_s` without data; AssertionError when a
-    barrier batch does not hold one rollout of every sampler.
+    Waits as long as the samplers take (in POLL_S slices, seeing a stop at once): a slow
+    sampler is not a failure; a stuck or dead one is, by the watch (`liveness`). Raises
+    AssertionError when a barrier batch does not hold one rollout of every sampler.
     """
     tcfg = shared.config.threaded
-    tick = time.perf_counter()
+    shared.learner_heartbeat.enter("data", WAIT)
     items: list = []
     while len(items) < tcfg.effective_chunks_per_batch:
         if shared.stop.is_set():
@@ -174,8 +187,6 @@ def take_batch(shared: RunShared, iteration: int) -> list | None:
         item = shared.buffer.get_tagged(timeout=POLL_S)
         if item is not None:
             items.append(item)
-        elif time.perf_counter() - tick > tcfg.timeout_s:
-            raise TimeoutError(f"learner waited {tcfg.timeout_s:.0f}s for data (threaded.timeout_s) at iteration {iteration}")
     samplers = sorted(tag.sampler_id for _, tag in items)
     if tcfg.barrier and samplers != list(range(tcfg.num_samplers)):
         raise AssertionError(f"barrier broken at iteration {iteration}: batch from samplers {samplers}")
@@ -184,22 +195,26 @@ def take_batch(shared: RunShared, iteration: int) -> list | None:
 
 class Learner:
     """The learner thread's state across iterations: train state, key, traced hyperparameters,
-    running totals and the KL controller's state."""
+    running totals and the KL controller's state; all of it restored in a resumed run (`start`)."""
 
     def __init__(self, shared: RunShared, update: Callable, merge: Callable, place_trajectory: Callable,
-                 train_state: TrainState, key: jax.Array, hparams: Any, out: "queue.Queue[LearnerOutput]") -> None:
+                 train_state: TrainState, key: jax.Array, hparams: Any, out: "queue.Queue[LearnerOutput]",
+                 start: LearnerStart = LearnerStart()) -> None:
         self.shared, self.update, self.merge, self.place_trajectory, self.out = shared, update, merge, place_trajectory, out
-        self.train_state, self.key, self.hparams = train_state, key, hparams
-        self.consumed_total = self.dropped_stale_total = self.version = 0
+        self.train_state, self.key, self.hparams, self.start = train_state, key, hparams, start
+        self.consumed_total, self.dropped_stale_total = start.consumed, start.stale
+        self.version = int(jax.device_get(distributed.local_value(train_state.version)))
         self.phases: dict[str, float] = dict.fromkeys(LEARNER_PHASES, 0.0)
         self.limits = controller_limits(shared.config)
-        self.control = None if self.limits is None else kl_control.initial_state(self.limits)
+        self.control = None if self.limits is None else (start.control or kl_control.initial_state(self.limits))
+        if self.control is not None and self.control.knobs.max_lag != shared.config.lag.max_lag:
+            self.hparams = with_max_lag(hparams, self.control.knobs.max_lag)  # as the controller left it
 
     def run(self) -> None:
-        """The thread's body: every iteration, until done or stopped; a failure is recorded in
-        `shared` (which stops every thread)."""
+        """The thread's body: every iteration after the start's, until done or stopped; a failure
+        is recorded in `shared` (which stops every thread)."""
         try:
-            for iteration in range(1, self.shared.config.num_iterations + 1):
+            for iteration in range(self.start.iteration + 1, self.shared.config.num_iterations + 1):
                 if not self.iteration(iteration):
                     return
         except BaseException as exc:  # noqa: BLE001
@@ -207,7 +222,7 @@ class Learner:
 
     def iteration(self, iteration: int) -> bool:
         """Take, update, publish, account, hand over; False when the run is stopping."""
-        shared, config = self.shared, self.shared.config
+        shared, heartbeat, offset = self.shared, self.shared.learner_heartbeat, self.start.wall_time
         tick = time.perf_counter()
         items = take_batch(shared, iteration)
         if items is None:
@@ -215,8 +230,21 @@ class Learner:
         got = time.perf_counter()
         tags = [tag for _, tag in items]
         version_before = self.version
+        heartbeat.enter("update", DEVICE)  # one compiled program (collectives included): not judged
         metrics, sgd_steps = self._update([chunk for chunk, _ in items])
-        done = time.perf_counter()
+        heartbeat.beat()
+        heartbeat.enter("account", WORK)
+        times = IterationTimes(shared.start, tick, got, time.perf_counter())
+        row = self._row(metrics, iteration, tags, version_before, sgd_steps, times)
+        records = [schedule_record(iteration, t.sampler_id, int(t.policy_version), version_before, t.made_at + offset,
+                                   got - shared.start + offset) for t in tags]
+        return self._hand_over(iteration, row, records)
+
+    def _row(self, metrics: dict[str, Any], iteration: int, tags: list[ChunkTag], version_before: int,
+             sgd_steps: int, times: IterationTimes) -> dict[str, Any]:
+        """The iteration's row: the update's metrics, this process's sample accounting, the KL
+        controller's step; a resumed run's wall time continues from its checkpoint's."""
+        shared, config = self.shared, self.shared.config
         consumed, stale = int(metrics.pop("consumed")), int(metrics["dropped_stale"])
         if distributed.is_multi_process(config):  # the update counted every process's samples: account for this process's
             consumed, stale, metrics["lag_mean_local"] = distributed.local_take(tags, version_before, config.lag.max_lag,
@@ -225,21 +253,30 @@ class Learner:
         self.dropped_stale_total += stale
         counters = shared.buffer.counters()
         accounting = threaded_accounting(counters, config.chunk_size, sum(s.discarded for s in shared.stats),
-                                         self.consumed_total, self.dropped_stale_total)
+                                         self.consumed_total, self.dropped_stale_total, self.start)
         row = learner_row(config, metrics, iteration=iteration, tags=tags, learner_version=self.version,
                           sgd_steps=sgd_steps, accounting=accounting, buffer_fill=counters["size"] / shared.buffer.capacity,
-                          times=IterationTimes(shared.start, tick, got, done), sampler_stats=shared.stats,
-                          phases=self.phases)
+                          times=times, sampler_stats=shared.stats, phases=self.phases)
         if self.control is not None:  # the KL controller moves the lag knobs for what comes next
-            row.update(self._control(metrics, consumed, done - shared.start))
-        records = [schedule_record(iteration, t.sampler_id, int(t.policy_version), version_before, t.made_at,
-                                   got - shared.start) for t in tags]
-        keep = shared.keeps_state(iteration) or iteration == config.num_iterations
+            row.update(self._control(metrics, consumed, times.done - shared.start))
+        if self.start.resumed:  # the lag history before it is not replayed: the rows say where it restarted
+            row["wall_time"] += self.start.wall_time
+            row["resumed_at_iteration"] = self.start.iteration
+        return row
+
+    def _hand_over(self, iteration: int, row: dict[str, Any], records: list[dict[str, Any]]) -> bool:
+        """Queues the row and records (and the learner's state when the logger needs it) for the
+        logging thread; False when the run is stopping."""
+        shared, heartbeat = self.shared, self.shared.learner_heartbeat
+        state = LearnerState(self.train_state, self.key, self.control)
+        keep = shared.keeps_state(iteration) or iteration == shared.config.num_iterations
+        heartbeat.enter("handover", WAIT)
         handover = time.perf_counter()
-        if not put_for_logger(shared, self.out, LearnerOutput(row, records, self.train_state if keep else None)):
+        if not put_for_logger(shared, self.out, LearnerOutput(row, records, state if keep else None)):
             return False
         self.phases["learner_handover_s"] = time.perf_counter() - handover  # (in the next row)
-        shared.last_put_state = self.train_state
+        shared.last_put = LearnerOutput(row, [], state)
+        heartbeat.beat()
         return True
 
     def _update(self, chunks: list) -> tuple[dict[str, Any], int]:
@@ -272,9 +309,10 @@ class Learner:
 
 
 def learner_loop(shared: RunShared, update: Callable, merge: Callable, place_trajectory: Callable,
-                 train_state: TrainState, key: jax.Array, hparams: Any, out: "queue.Queue[LearnerOutput]") -> None:
+                 train_state: TrainState, key: jax.Array, hparams: Any, out: "queue.Queue[LearnerOutput]",
+                 start: LearnerStart = LearnerStart()) -> None:
     """Body of the learner thread (`Learner(...).run()`)."""
-    Learner(shared, update, merge, place_trajectory, train_state, key, hparams, out).run()
+    Learner(shared, update, merge, place_trajectory, train_state, key, hparams, out, start).run()
 
 
 def put_for_logger(shared: RunShared, out: queue.Queue, item: LearnerOutput) -> bool:

@@ -1,6 +1,6 @@
 """A threaded run's compiled programs and its set-up: the program cache (one compile per shape
 across runs), the learner update on its placement, and everything built before the clock starts
-(`make_threaded_setup`); the checkpoint layout of the mode."""
+(`make_threaded_setup`, fresh or from a `resume.ResumePoint`); the checkpoint layout of the mode."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ppo_async.core.rollout import concat_trajectories, rollout
 from ppo_async.core.types import TrainState, snapshot_of
 from ppo_async.modes.common import clear_jitted_cache, make_contexts, rollout_metrics, sampler_env_key
 from ppo_async.modes.threaded.memory import check_buffer_fits, device_memory_report
+from ppo_async.modes.threaded.resume import LearnerStart, ResumePoint
 from ppo_async.modes.threaded.shared import RunShared, SamplerStats
 from ppo_async.runtime import distributed
 from ppo_async.runtime.buffer import RingBuffer
@@ -30,7 +31,9 @@ from ppo_async.runtime.placement import LEARNER_AXIS, LearnerPlacement, Placemen
 
 
 class ThreadedCheckpoint(NamedTuple):
-    """What a threaded run checkpoints: the learner's state, with a seed axis of 1 (as other modes)."""
+    """What a threaded run checkpoints: the learner's state, with a seed axis of 1 (as other
+    modes). The rest of the learner (RNG key, KL controller, sample totals) is in the
+    checkpoint's metadata (`resume.mode_state`)."""
 
     train_state: TrainState  # leaves [1, ...]
 
@@ -160,6 +163,7 @@ class ThreadedSetup:
     merge: Callable  # jit(list of chunks -> one trajectory)
     train_state: TrainState  # on the learner devices
     learner_key: jax.Array
+    start: LearnerStart  # where the learner starts: a fresh run's zeros, or a resumed run's checkpoint
     hparams: Any
     env_states: list  # one per sampler: on its device, or a host_rollout.HostEnv (Gymnasium, EnvPool)
     sampler_keys: list
@@ -184,14 +188,18 @@ class ThreadedSetup:
         return RunShared(config, store, buffer, threading.Event(), [], stats, self.placement.buffer_device)
 
 
-def _run_keys(config: Config) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def _run_keys(config: Config, resumed_at: int = 0) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """`(param_key, env_key, run_key, sampler_key)` of a run; with several processes the params
-    and learner key are shared and the samplers' and envs' keys are the process's own."""
+    and learner key are shared and the samplers' and envs' keys are the process's own. A run
+    resumed at iteration `resumed_at` > 0 restarts its samplers and envs with keys folded with
+    it (not the first segment's again); its learner key comes from the checkpoint."""
     param_key, env_key, run_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
     sampler_key = jax.random.fold_in(run_key, 1)
     if distributed.is_multi_process(config):
         process = 1 + config.distributed.process_id
         sampler_key, env_key = jax.random.fold_in(sampler_key, process), jax.random.fold_in(env_key, process)
+    if resumed_at:
+        sampler_key, env_key = jax.random.fold_in(sampler_key, resumed_at), jax.random.fold_in(env_key, resumed_at)
     return param_key, env_key, run_key, sampler_key
 
 
@@ -210,14 +218,19 @@ def _compile_rollouts(programs: ThreadedPrograms, snapshot: Any, devices: tuple,
     return example
 
 
-def make_threaded_setup(config: Config) -> ThreadedSetup:
-    """Placement, compiled rollout / merge / update, train state, envs and keys of a threaded config."""
+def make_threaded_setup(config: Config, resume: ResumePoint | None = None) -> ThreadedSetup:
+    """Placement, compiled rollout / merge / update, train state, envs and keys of a threaded
+    config; with `resume`, the learner's train state and key are the checkpoint's."""
     t_start = time.perf_counter()
     placement = resolve_placement(config)
     programs = threaded_programs(config, placement, lag_buckets_of(config))
-    param_key, env_key, run_key, sampler_key = _run_keys(config)
+    start = LearnerStart() if resume is None else resume.start
+    param_key, env_key, run_key, sampler_key = _run_keys(config, start.iteration)
     place_state = programs.learner.place_state
-    train_state = place_state(programs.init(param_key))
+    if resume is not None:
+        train_state, run_key = place_state(resume.train_state), jax.numpy.asarray(resume.key)
+    else:
+        train_state = place_state(programs.init(param_key))
     hparams, run_key = place_state(hyperparams_from_config(config)), place_state(run_key)
     devices, num_samplers = placement.sampler_devices, config.threaded.num_samplers
     host_side = isinstance(programs.rollout_fn, host_rollout.HostRollout)
@@ -235,7 +248,7 @@ def make_threaded_setup(config: Config) -> ThreadedSetup:
     setup = ThreadedSetup(
         config=config, placement=placement, rollout_fn=programs.rollout_fn, update=programs.learner.update,
         place_trajectory=programs.learner.place_trajectory, merge=programs.merge, train_state=train_state,
-        learner_key=run_key, hparams=hparams, env_states=env_states, sampler_keys=sampler_keys,
+        learner_key=run_key, start=start, hparams=hparams, env_states=env_states, sampler_keys=sampler_keys,
         example=jax.device_put(example, placement.buffer_device), compile_seconds=0.0, memory=memory,
     )
     setup.update.lower(train_state, setup.batch(), run_key, hparams).compile()

@@ -1,6 +1,7 @@
-"""The run of a threaded config, in the calling thread: set up, start the threads, log what the
-learner hands over, watch for failures and Ctrl-C, stop and join every thread, finish the run
-directory; and the mode's registration."""
+"""The run of a threaded config, in the calling thread: set up (fresh, or from the latest
+checkpoint when resuming), start the threads, log what the learner hands over, watch for
+failures, stuck or dead threads (`liveness`) and Ctrl-C, stop and join every thread, finish the
+run directory; and the mode's registration."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from typing import Callable, Sequence
 from ppo_async.config import Config, ConfigError, DistributedFailure
 from ppo_async.modes.registry import Mode, register_mode
 from ppo_async.modes.threaded.learner import learner_loop
+from ppo_async.modes.threaded.liveness import WAIT, StalledThread, find_stall
 from ppo_async.modes.threaded.programs import (
     ThreadedSetup,
     make_threaded_setup,
     threaded_checkpoint,
     threaded_checkpoint_like,
 )
+from ppo_async.modes.threaded.resume import ResumePoint, check_mode_state, mode_state, resume_point
 from ppo_async.modes.threaded.sampler import sampler_loop
 from ppo_async.modes.threaded.shared import POLL_S, LearnerOutput, RunShared, ThreadFailure
 from ppo_async.core import host_rollout
@@ -77,11 +80,12 @@ def start_threads(setup: ThreadedSetup, shared: RunShared, outputs: queue.Queue)
             target=learner_loop,
             name="ppo_async-learner",
             args=(shared, setup.update, setup.merge, setup.place_trajectory, setup.train_state, setup.learner_key,
-                  setup.hparams, outputs),
+                  setup.hparams, outputs, setup.start),
             daemon=True,
         )
     )
     shared.start = time.perf_counter()
+    shared.restart_heartbeats(shared.start)
     for thread in threads:
         thread.start()
     return threads
@@ -105,21 +109,36 @@ def close_host_envs(setup: ThreadedSetup, threads: Sequence[threading.Thread]) -
             state.close()
 
 
-def watch(shared: RunShared, learner_thread: threading.Thread, outputs: queue.Queue, log: Callable) -> bool:
-    """Logs learner outputs until the learner is done, a thread fails or Ctrl-C; True if interrupted."""
-    ctrl_c = threading.Event()
+def check_liveness(shared: RunShared, threads: Sequence[threading.Thread]) -> None:
+    """Applies the liveness rule (`liveness.find_stall`) now: a stuck or dead thread, or threads
+    all waiting for each other, is recorded as the run's failure (which stops every thread)."""
+    if shared.stop.is_set():
+        return
+    dead = tuple(t.name.removeprefix("ppo_async-") for t in threads[:-1] if not t.is_alive())  # samplers never end
+    stall = find_stall(shared.heartbeats(), time.perf_counter(), shared.config.threaded.timeout_s, dead,
+                       judged=tuple(name for name in shared.heartbeats() if name != "logger"))
+    if stall is not None:
+        shared.fail_stalled(*stall)
+
+
+def watch(shared: RunShared, threads: Sequence[threading.Thread], outputs: queue.Queue, log: Callable) -> bool:
+    """Logs learner outputs until the learner (the last thread) is done, a thread fails, stalls
+    (checked every POLL_S and after each row) or Ctrl-C; True if interrupted."""
+    ctrl_c, learner_thread, heartbeat = threading.Event(), threads[-1], shared.logger_heartbeat
+    heartbeat.enter("rows", WAIT)  # the watching thread waits for the learner (it is never judged itself)
     try:
         with _ctrl_c_sets(ctrl_c):
             while (learner_thread.is_alive() or not outputs.empty()) and not ctrl_c.is_set():
                 try:
                     item = outputs.get(timeout=POLL_S)
                 except queue.Empty:
-                    if shared.errors:  # a failed thread or peer process: the learner may be stuck in a
-                        break  # collective with that peer, so do not wait for it to end
-                    continue
-                log(item)
-                if shared.errors:
-                    break
+                    item = None
+                if item is not None:
+                    log(item)
+                    heartbeat.beat()
+                check_liveness(shared, threads)
+                if shared.errors:  # a failed or stuck thread or peer process: the learner may be stuck in
+                    break  # a collective with that peer, so do not wait for it to end
         return ctrl_c.is_set()
     except KeyboardInterrupt:  # raised by a callback, or outside the main thread
         return True
@@ -132,6 +151,10 @@ def raise_thread_errors(shared: RunShared, threads: Sequence[threading.Thread]) 
         error = next((e for e in shared.errors if isinstance(e.exc, DistributedFailure)), shared.errors[0])
         exc = error.exc
         if isinstance(exc, DistributedFailure):
+            raise exc
+        if isinstance(exc, StalledThread):  # the watch's verdict: its one line names the thread
+            if stuck:
+                exc.add_note(stuck)
             raise exc
         if isinstance(exc, (NonFiniteError, ConfigError, TimeoutError)):
             exc.add_note(f"(raised in thread ppo_async-{error.thread})")
@@ -147,14 +170,15 @@ def describe_stuck(shared: RunShared, threads: Sequence[threading.Thread]) -> st
     """"" when every thread stopped; else a message naming each thread still alive and what it
     was doing (a sampler's phase and for how long), e.g. inside an env that never returns."""
     now = time.perf_counter()
+    heartbeats = shared.heartbeats()
     parts = []
     for thread in threads:
         if not thread.is_alive():
             continue
-        sampler = thread.name.rpartition("-")[2]
-        if thread.name.startswith("ppo_async-sampler-") and sampler.isdigit():
-            stats = shared.stats[int(sampler)]
-            parts.append(f"{thread.name} (in {stats.phase} for {now - stats.phase_since:.1f}s)")
+        heartbeat = heartbeats.get(thread.name.removeprefix("ppo_async-"))
+        if heartbeat is not None:
+            phase = heartbeat.current
+            parts.append(f"{thread.name} (in {phase.name} for {now - phase.since:.1f}s)")
         else:
             parts.append(thread.name)
     if not parts:
@@ -167,19 +191,24 @@ def describe_stuck(shared: RunShared, threads: Sequence[threading.Thread]) -> st
 def run_threaded(config: Config, recorder: RunRecorder, resume: bool = False) -> TrainResult:
     """Runs the threaded mode (one seed) and returns a `TrainResult`.
 
-    Raises ConfigError for a bad config (num_seeds != 1, devices), ThreadFailure (or the
-    thread's ConfigError / TimeoutError) when a thread fails, NonFiniteError when a row holds
-    NaN/inf, TimeoutError when the learner starves for `threaded.timeout_s`, and
-    KeyboardInterrupt after a clean stop on Ctrl-C (rows, schedule and a final checkpoint kept).
-    With several processes (`distributed.*`), `distributed.DistributedFailure` when another
-    process failed or died (naming it), after this process stopped cleanly.
+    With `resume`, continues the run in `config.run_dir` from its latest checkpoint: the
+    learner's whole state is restored (`resume.py`), the samplers start again from its params.
+
+    Raises ConfigError for a bad config (num_seeds != 1, devices, resuming a multi-process
+    run), ThreadFailure (or the thread's ConfigError) when a thread fails, `StalledThread` (a
+    TimeoutError) when a thread is stuck or dead or the threads wait for each other
+    (`liveness`), NonFiniteError when a row holds NaN/inf, and KeyboardInterrupt after a clean
+    stop on Ctrl-C (rows, schedule and a final checkpoint kept: the run can be resumed). With
+    several processes (`distributed.*`), `distributed.DistributedFailure` when another process
+    failed or died (naming it), after this process stopped cleanly.
     """
-    if resume:
-        raise ConfigError("resume is not supported for mode='threaded' (its lag depends on timing)")
     if config.num_seeds != 1:
         raise ConfigError(f"num_seeds = {config.num_seeds} is invalid for mode='threaded': must be 1")
     if not distributed.is_multi_process(config):
-        return _run_threaded(config, recorder, None)
+        return _run_threaded(config, recorder, None, resume)
+    if resume:
+        raise ConfigError("resume is not supported for a multi-process threaded run (distributed.num_processes > 1): "
+                          "only its process 0 has the run directory; start a new run")
     exchange = distributed.Exchange(config)
     try:
         result = _run_threaded(config, recorder, exchange)
@@ -225,26 +254,41 @@ def _logger(config: Config, recorder: RunRecorder, shared: RunShared,
                 return
             recorder.log_line(distributed.process_line(item.row))
             row, records = merged
-        recorder.record([row], row["iteration"], state=lambda: threaded_checkpoint(item.train_state))
+        recorder.record([row], row["iteration"], state=lambda: threaded_checkpoint(item.state.train_state),
+                        mode_state=lambda: mode_state(item.state, item.row))
         recorder.append_schedule(VERSION_SCHEDULE_FILE, records)  # flushed per iteration: a SIGKILL keeps it
 
     return log
 
 
 def _finish(recorder: RunRecorder, shared: RunShared, exchange: "distributed.Exchange | None") -> None:
-    """The final checkpoint (the state of the last logged iteration); with several processes,
-    each logs its params' digest (the replicas must agree)."""
-    if shared.last_put_state is None:
+    """The final checkpoint, of the last logged iteration (none when the learner had handed
+    over more than was logged: a failure stopped the logging); with several processes, each
+    logs its params' digest (the replicas must agree)."""
+    last = shared.last_put
+    if last is None or last.row["iteration"] != recorder.last_iteration:
         return
-    recorder.final_checkpoint(lambda: threaded_checkpoint(shared.last_put_state))
+    recorder.final_checkpoint(lambda: threaded_checkpoint(last.state.train_state),
+                              mode_state=lambda: mode_state(last.state, last.row))
     if exchange is not None:
-        recorder.log_line(f"final params sha256 {distributed.params_digest(shared.last_put_state.params)} "
+        recorder.log_line(f"final params sha256 {distributed.params_digest(last.state.train_state.params)} "
                           f"at iteration {recorder.last_iteration}")
 
 
-def _run_threaded(config: Config, recorder: RunRecorder, exchange: "distributed.Exchange | None") -> TrainResult:
-    setup = make_threaded_setup(config)
+def _resume_point(config: Config, recorder: RunRecorder) -> ResumePoint:
+    """The latest checkpoint of `config.run_dir`, restored (metrics.jsonl and the version
+    schedule cut back to its iteration: the rows after it are made again)."""
+    checkpoint = recorder.resume_from(threaded_checkpoint_like(config), check=check_mode_state)
+    recorder.cut_schedule(VERSION_SCHEDULE_FILE)
+    return resume_point(checkpoint.train_state, recorder.resumed_meta)
+
+
+def _run_threaded(config: Config, recorder: RunRecorder, exchange: "distributed.Exchange | None",
+                  resume: bool = False) -> TrainResult:
+    setup = make_threaded_setup(config, _resume_point(config, recorder) if resume else None)
     shared = setup.shared()
+    if setup.start.control is not None:  # the KL controller's knobs, as the resumed run left them
+        shared.knobs = setup.start.control.knobs
     if exchange is not None:  # a peer that dies stops this run like a failing thread (before JAX aborts it)
         exchange.start_heartbeat(lambda message: shared.fail("peer", DistributedFailure(message)))
     outputs: queue.Queue = queue.Queue(maxsize=LOG_QUEUE_SIZE)
@@ -259,7 +303,7 @@ def _run_threaded(config: Config, recorder: RunRecorder, exchange: "distributed.
             exchange.start_together(should_stop=lambda: bool(shared.errors))
         threads = start_threads(setup, shared, outputs)
         try:
-            interrupted = watch(shared, threads[-1], outputs, log)
+            interrupted = watch(shared, threads, outputs, log)
         finally:  # (several processes: a learner stuck in a collective with a dead peer is not waited for)
             stop_threads(shared, threads, JOIN_TIMEOUT_S if exchange is None else 1.0)
             close_host_envs(setup, threads)
@@ -270,7 +314,7 @@ def _run_threaded(config: Config, recorder: RunRecorder, exchange: "distributed.
     raise_thread_errors(shared, threads)
     if interrupted:
         raise KeyboardInterrupt(f"threaded run stopped cleanly after {recorder.last_iteration} learner iterations")
-    final_state = shared.last_put_state if shared.last_put_state is not None else setup.train_state
+    final_state = shared.last_put.state.train_state if shared.last_put is not None else setup.train_state
     return recorder.result(
         threaded_checkpoint(final_state).train_state,
         setup.compile_seconds,
@@ -285,6 +329,7 @@ MODE = register_mode(
         run=run_threaded,
         checkpoint_like=threaded_checkpoint_like,
         resumable=False,
-        why_not_resumable="its lag depends on timing",
+        why_not_resumable="its lag depends on timing: a resumed run restores the learner exactly and makes the lag anew",
+        resumes_learner=True,  # the learner exactly; the lag history is not replayed (`resume.py`)
     )
 )

@@ -17,7 +17,9 @@ from typing import Any, Callable
 import jax
 
 from ppo_async.core import kl_control
+from ppo_async.core.host_rollout import HOST_ENV_TYPES
 from ppo_async.core.lag import is_stale, must_force_refresh, should_refresh
+from ppo_async.modes.threaded.liveness import DEVICE, WAIT, WORK, BeatingEnv
 from ppo_async.modes.threaded.shared import POLL_S, RunShared
 from ppo_async.runtime.buffer import ChunkTag
 from ppo_async.runtime.param_store import ParamStore
@@ -48,6 +50,11 @@ class Sampler:
         self.shared, self.sampler_id, self.rollout_fn, self.env_state, self.key, self.device = (
             shared, sampler_id, rollout_fn, env_state, key, device)
         self.stats = shared.stats[sampler_id]
+        # liveness: a host simulator beats at every step (a slow one is alive); a JAX env's
+        # rollout is one compiled program, which beats when it returns
+        self.rollout_kind = WORK if isinstance(env_state, HOST_ENV_TYPES) else DEVICE
+        if self.rollout_kind == WORK:
+            self.env_state = BeatingEnv(env_state, self.stats.heartbeat)
         tcfg = shared.config.threaded
         self.latency_ms = tcfg.sampler_step_latency_ms[sampler_id] if tcfg.sampler_step_latency_ms else 0.0
         self.rng = random.Random(shared.config.seed * 1000 + sampler_id)
@@ -86,7 +93,7 @@ class Sampler:
         learner's next version (nothing to make yet)."""
         store, stats, tcfg = self.shared.store, self.stats, self.shared.config.threaded
         t0 = time.perf_counter()
-        stats.enter("params")
+        stats.enter("params", WAIT)
         if self.paused:  # resumed: its params are as old as the pause; pull the latest
             self._pull(t0)
             self.paused = False
@@ -108,10 +115,11 @@ class Sampler:
         simulated env latency, if any)."""
         stats = self.stats
         t0 = time.perf_counter()
-        stats.enter("rollout")
+        stats.enter("rollout", self.rollout_kind)
         self.key, rollout_key = jax.random.split(self.key)
         self.env_state, trajectory = self.rollout_fn(self.snapshot, self.env_state, rollout_key)
         jax.block_until_ready(trajectory.transitions.reward)
+        stats.heartbeat.beat()
         made_at = time.perf_counter()
         stats.rollout_s += made_at - t0
         if self.latency_ms > 0:
@@ -125,7 +133,7 @@ class Sampler:
         shared, stats, tcfg = self.shared, self.stats, self.shared.config.threaded
         # to the buffer's device (a no-op put costs ~0.15 ms per chunk: skip it on one device)
         chunk = trajectory if self.device == shared.buffer_device else jax.device_put(trajectory, shared.buffer_device)
-        stats.enter("put")
+        stats.enter("put", WAIT)
         max_lag = shared.knobs.max_lag
         gate = None if tcfg.barrier or max_lag is None else FreshnessGate(
             shared.store, self.version, max_lag, tcfg.effective_chunks_per_batch)
@@ -134,6 +142,7 @@ class Sampler:
             if shared.buffer.put(chunk, timeout=POLL_S, tag=tag, admit=gate, timings=stats.put_timings):
                 stats.produced += shared.config.chunk_size
                 self.made_with = self.version
+                stats.heartbeat.beat()
                 return
             if gate is not None and gate.refused:
                 self.force_refresh()
@@ -162,7 +171,7 @@ class Sampler:
         """One POLL_S slice of a sampler paused by the KL controller (its pause timed from the
         first slice: `SamplerStats.paused_seconds`)."""
         self.stats.pause_began(time.perf_counter())
-        self.stats.enter("paused")
+        self.stats.enter("paused", WAIT)
         self.paused = True
         self.shared.stop.wait(POLL_S)
 
@@ -176,21 +185,24 @@ class Sampler:
         if tcfg.barrier or knobs.max_lag is None or tcfg.full_policy != "block":
             return False
         t0 = time.perf_counter()
-        self.stats.enter("put")
+        self.stats.enter("put", WAIT)
         room = self.shared.buffer.wait_for_room((knobs.max_lag + 1) * tcfg.effective_chunks_per_batch, timeout=POLL_S)
         self.stats.put_timings["space_s"] += time.perf_counter() - t0
         return not room
 
     def _env_latency(self) -> float:
         """Sleeps the simulated env latency of one rollout (outside the GIL; wakes at once on
-        stop); returns the instant the chunk is delivered."""
-        config = self.shared.config
+        stop), one beat per POLL_S slice as a slow simulator's steps would; returns the instant
+        the chunk is delivered."""
+        config, stats = self.shared.config, self.stats
         sleep = self.latency_ms * config.rollout.num_steps / 1000.0
         sleep *= 1.0 + config.threaded.latency_jitter * (2.0 * self.rng.random() - 1.0)
         t0 = time.perf_counter()
-        self.stats.enter("latency")
-        self.shared.stop.wait(sleep)
-        self.stats.latency_s += time.perf_counter() - t0
+        stats.enter("latency", WORK)
+        end = t0 + sleep
+        while (left := end - time.perf_counter()) > 0 and not self.shared.stop.wait(min(left, POLL_S)):
+            stats.heartbeat.beat()
+        stats.latency_s += time.perf_counter() - t0
         return time.perf_counter()
 
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple
 from ppo_async.config import Config
 from ppo_async.core import kl_control
 from ppo_async.core.types import TrainState
+from ppo_async.modes.threaded.liveness import Heartbeat, StalledThread
 from ppo_async.runtime.buffer import RingBuffer
 from ppo_async.runtime.param_store import ParamStore
 
@@ -46,17 +47,22 @@ class SamplerStats:
     latency_s: float = 0.0
     paused_s: float = 0.0  # seconds paused by the KL controller, pauses that ended (see paused_seconds)
     paused_since: float | None = None  # perf_counter() when the pause in progress began
-    phase: str = "starting"  # what the thread is doing now: params, rollout, latency, put, paused
-    phase_since: float = 0.0  # perf_counter() when that began
+    # its progress and what it does now (params, rollout, latency, put, paused): `liveness`
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)
 
     @property
     def wait_buffer_s(self) -> float:
         """Seconds inside buffer puts: waiting for the lock, for space (block), and writing."""
         return sum(self.put_timings.values())
 
-    def enter(self, phase: str) -> None:
-        """Marks what the sampler does next (named if the thread gets stuck there)."""
-        self.phase, self.phase_since = phase, time.perf_counter()
+    def enter(self, phase: str, kind: str) -> None:
+        """Marks what the sampler does next, of which `liveness` kind (named if it gets stuck there)."""
+        self.heartbeat.enter(phase, kind)
+
+    @property
+    def phase(self) -> str:
+        """What the sampler is doing now."""
+        return self.heartbeat.current.name
 
     def pause_began(self, now: float) -> None:
         """The KL controller paused this sampler (no-op while a pause is in progress)."""
@@ -81,6 +87,14 @@ def initial_knobs(config: Config) -> kl_control.LagKnobs:
     return kl_control.LagKnobs((True,) * config.threaded.num_samplers, config.threaded.refresh_lag, config.lag.max_lag)
 
 
+class LearnerState(NamedTuple):
+    """The learner's state after an iteration: everything a resumed run restores."""
+
+    train_state: TrainState  # params, optimiser, normalisation statistics, version and step counters
+    key: Any  # the learner's RNG key for its next iteration
+    control: kl_control.ControllerState | None  # the KL controller's state (None when it is off)
+
+
 @dataclass
 class RunShared:
     """What the threads of one run share."""
@@ -94,7 +108,9 @@ class RunShared:
     buffer_device: Any
     start: float = field(default_factory=time.perf_counter)  # reset when the threads start
     keeps_state: Callable[[int], bool] = lambda iteration: False  # iterations whose state the logger needs
-    last_put_state: Any = None  # the train state of the last iteration handed to the logger
+    last_put: "LearnerOutput | None" = None  # the last iteration handed to the logger, with its state
+    learner_heartbeat: Heartbeat = field(default_factory=Heartbeat)
+    logger_heartbeat: Heartbeat = field(default_factory=Heartbeat)  # the calling thread's
     max_queue_depth: int = 0  # most iterations ever waiting for the logger
     # The lag knobs in force: the config's, replaced as a whole by the KL controller (readers
     # take one reference per step, so each sees a consistent set)
@@ -103,9 +119,25 @@ class RunShared:
     def __post_init__(self) -> None:
         self.knobs = initial_knobs(self.config)
 
+    def heartbeats(self) -> dict[str, Heartbeat]:
+        """Every thread's heartbeat by name: "sampler-<i>", "learner", "logger"."""
+        named = {f"sampler-{i}": s.heartbeat for i, s in enumerate(self.stats)}
+        return {**named, "learner": self.learner_heartbeat, "logger": self.logger_heartbeat}
+
+    def restart_heartbeats(self, now: float) -> None:
+        """The run's clock starts (`start_threads`): every thread's silence is counted from `now`."""
+        for heartbeat in self.heartbeats().values():
+            heartbeat.restart(now)
+
     def fail(self, thread: str, exc: BaseException) -> None:
         """Records a thread's failure (with the traceback being handled) and stops every thread."""
         self.errors.append(ThreadError(thread, exc, traceback.format_exc()))
+        self.stop.set()
+
+    def fail_stalled(self, thread: str, message: str) -> None:
+        """Records the watch's verdict that `thread` is stuck or dead (`liveness.find_stall`) and
+        stops every thread; the error is a `StalledThread` with that one-line message."""
+        self.errors.append(ThreadError(thread, StalledThread(message), ""))
         self.stop.set()
 
 
@@ -115,4 +147,4 @@ class LearnerOutput:
 
     row: dict[str, Any]
     records: list[dict[str, Any]]
-    train_state: TrainState | None  # only when `RunShared.keeps_state(iteration)` or the last iteration
+    state: LearnerState | None  # only when `RunShared.keeps_state(iteration)` or the last iteration
