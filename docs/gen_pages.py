@@ -5,8 +5,9 @@
 
 What it writes (every file starts with a "generated" note; edit this script, never the output):
 
-- docs/reference/cli.md      every command's options, from the tyro command dataclasses
-                             (`ppo_async.cli.dispatch.COMMANDS`: field, type, default, docstring)
+- docs/reference/cli.md      every command's arguments, from the parser tyro builds for each
+                             command dataclass (`ppo_async.cli.dispatch.COMMANDS`): positional
+                             or flag, metavar, default and help as `COMMAND --help` shows them
 - docs/reference/config.md   every `Config` field (dotted path, type, default, description),
                              from the frozen dataclasses' attribute docstrings
                              (`ppo_async/config/sections.py`), the ones tyro shows in `--help`
@@ -178,69 +179,96 @@ def config_page() -> str:
 # docs/reference/cli.md
 
 
-def _tyro_parts(annotation: str) -> tuple[str, dict[str, str]]:
-    """(the type, markers) of a tyro annotation as written: Annotated[T, tyro.conf.Positional,
-    tyro.conf.arg(metavar=..., help_behavior_hint=...)]; Suppress[T]."""
-    marks: dict[str, str] = {}
-    if annotation.startswith("tyro.conf.Suppress["):
-        marks["suppress"] = "1"
-        return annotation[len("tyro.conf.Suppress["):-1], marks
-    node = ast.parse(annotation, mode="eval").body
-    if isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("Annotated", "typing.Annotated"):
-        elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        base = ast.unparse(elts[0])
-        for meta in elts[1:]:
-            text = ast.unparse(meta)
-            if text.endswith("Positional"):
-                marks["positional"] = "1"
-            if isinstance(meta, ast.Call):
-                for kw in meta.keywords:
-                    if isinstance(kw.value, ast.Constant):
-                        marks[kw.arg or ""] = str(kw.value.value)
-        return base, marks
-    return annotation, marks
+_HINT = re.compile(r"\s*\(([^()]*)\)\s*$")
+
+
+def command_parser(cls: type, prog: str) -> "argparse.ArgumentParser":
+    """The argparse parser tyro builds for a command's dataclass (`tyro.extras.get_parser`:
+    deprecated in tyro 1.0 for users, but it is the parser spec `tyro.cli` parses with, as argparse)."""
+    import warnings
+
+    import tyro
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tyro.extras.get_parser(cls, prog=prog)
+
+
+def _split_hint(text: str) -> tuple[str, str]:
+    """(the help, its trailing tyro hint): `"Episodes. (default: 20)"` -> `("Episodes.", "20")`;
+    `(required)` -> `"required"`, `(one or more)` -> `"one or more"`."""
+    match = _HINT.search(text or "")
+    if match is None:
+        return text or "", ""
+    hint = match.group(1)
+    if hint.startswith("default:"):
+        hint = hint[len("default:"):].strip() or "(none)"
+    return text[: match.start()], hint
+
+
+def _usage_token(action: argparse.Action) -> str:
+    """How an argument is written: `RUN_DIR [RUN_DIR ...]`, `--out DIR`, `--labels A B ...`,
+    `--quiet` / `--no-quiet`."""
+    metavar = action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+    several = action.nargs in ("*", "+") and "..." not in metavar
+    value = f"{metavar} [{metavar} ...]" if several else metavar
+    if not action.option_strings:
+        return value
+    if action.nargs == 0:
+        return " / ".join(action.option_strings)
+    return f"{action.option_strings[0]} {value}"
+
+
+def cli_arguments(cls: type, prog: str) -> list[argparse.Action]:
+    """The arguments of a command as its tyro parser holds them (no -h), positional first."""
+    actions = [a for a in command_parser(cls, prog)._actions if a.dest != "help"]
+    return [a for a in actions if not a.option_strings] + [a for a in actions if a.option_strings]
+
+
+def _argument_row(action: argparse.Action) -> str:
+    help_text, hint = _split_hint(action.help or "")
+    where = " (positional)" if not action.option_strings else ""
+    return f"| {_code(_usage_token(action))}{where} | {_cell(hint)} | {_cell(help_text)} |\n"
+
+
+def _config_rows(actions: typing.Sequence[argparse.Action]) -> list[str]:
+    """train's Config flags: the flag, its default, a link to the field in the config reference."""
+    rows = []
+    for action in actions:
+        path = action.dest.partition(".")[2].replace("-", "_")
+        _, hint = _split_hint(action.help or "")
+        rows.append(f"| {_code(_usage_token(action))} | {_cell(hint)} | [`{path}`](config.md#{_anchor(path)}) |\n")
+    return rows
 
 
 def cli_page() -> str:
     from ppo_async.cli.dispatch import COMMANDS, DESCRIPTION
     from ppo_async.cli.parsing import PROG
 
-    lines = [NOTE.format(source="the command dataclasses in ppo_async/cli (ppo_async.cli.dispatch.COMMANDS)"),
+    lines = [NOTE.format(source="the parsers tyro builds for the commands (ppo_async.cli.dispatch.COMMANDS)"),
              "# Command-line reference\n\n",
              f"`{PROG} COMMAND [OPTIONS]`. {_cell(DESCRIPTION)}\n\n",
-             "Each command is a frozen dataclass parsed by tyro; the tables list its fields (the "
-             "options `COMMAND --help` prints). Flags spell a field's `_` as `-`; a tuple option "
-             "takes several values (`--labels a b`).\n\n"]
+             "Each command is a frozen dataclass parsed by tyro; the tables list the arguments of the "
+             "parser tyro builds from it (what `COMMAND --help` prints): positional arguments are "
+             "given without a flag (`compare RUN_A RUN_B`), a flag with `A B ...` takes several "
+             "values (`--labels a b`), a switch has a `--no-` form.\n\n"]
     for name, cls in COMMANDS.items():
-        info = _class_source_info(cls)
-        lines.append(f"## `{name}`\n\n{_cell(inspect.cleandoc(cls.__doc__ or ''))}\n\n")
-        positional = []
-        rows = []
-        for f in dataclasses.fields(cls):
-            annotation, doc = info.get(f.name, ("", ""))
-            base, marks = _tyro_parts(annotation)
-            if "suppress" in marks:
-                continue
-            if marks.get("name") == "":  # a flattened section: train's Config
-                rows.append(f"| every `Config` field | | | `--FIELD` / `--SECTION.FIELD`, e.g. `--env`, "
-                            f"`--ppo.clip-eps`: see the [config reference](config.md) |\n")
-                continue
-            default = _default_of(f)
-            hint = marks.get("help_behavior_hint", "")
-            shown = hint.strip("()") if hint else _fmt_default(default)
-            metavar = marks.get("metavar", "")
-            if "positional" in marks:
-                flag = f"`{metavar or f.name.upper()}` (positional)"
-                positional.append(metavar or f.name.upper())
-            else:
-                flag = f"`--{f.name.replace('_', '-')}" + (f" {metavar}" if metavar and base != "bool" else "") + "`"
-            rows.append(f"| {flag} | {_code(base)} | {_cell(shown)} | {_cell(doc)} |\n")
-        usage = f"{PROG} {name}" + "".join(f" {p}" for p in positional) + " [OPTIONS]"
+        arguments = cli_arguments(cls, f"{PROG} {name}")
+        config = [a for a in arguments if a.dest.startswith("cfg.")]
+        own = [a for a in arguments if not a.dest.startswith("cfg.")]
+        positional = [_usage_token(a) for a in own if not a.option_strings]
+        usage = " ".join([f"{PROG} {name}", *positional, "[OPTIONS]"])
         if name == "launch":
             usage += " -- train [TRAIN OPTIONS]"
+        lines.append(f"## `{name}`\n\n{_cell(inspect.cleandoc(cls.__doc__ or ''))}\n\n")
         lines.append(f"```text\n{usage}\n```\n\n")
-        lines.append("| option | type | default | description |\n|---|---|---|---|\n")
-        lines.extend(rows)
+        lines.append("| argument | default | description |\n|---|---|---|\n")
+        lines.extend(_argument_row(a) for a in own)
+        if config:
+            lines.append(f"\nEvery `Config` field is a flag of `{name}` ({len(config)} of them; dots between "
+                         "sections, `-` for `_`); the [config reference](config.md) describes each.\n\n"
+                         "| flag | default | field |\n|---|---|---|\n")
+            lines.extend(_config_rows(config))
         lines.append("\n")
     return "".join(lines)
 

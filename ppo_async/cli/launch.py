@@ -27,7 +27,7 @@ class LaunchCommand:
     launch --num-processes N [--port PORT] -- train [TRAIN OPTIONS], with the options of train
     but the distributed layout (set here). Process 0 writes the run directory, every process
     RUN_DIR/logs/process_<i>.log; output lines are prefixed with [i], process 0 speaks for the run,
-and the processes' connection and end lines fold into one line each. The exit status is the
+    and the processes' connection and end lines fold into one line each. The exit status is the
     first non-zero one of any process (0 when every process succeeds)."""
 
     num_processes: Annotated[int, tyro.conf.arg(metavar="N")]

@@ -65,10 +65,11 @@ class TrainRun:
 @dataclasses.dataclass(frozen=True)
 class TrainCommand:
     """Train PPO on an environment (gymnax, brax/*, playground/*, gymnasium/*). Every Config
-    field is a flag; flags override the config of --config FILE, and the env's preset (README)
-    fills the fields neither sets. Writes RUN_DIR/config.json and RUN_DIR/metrics.jsonl. With a
-    run directory, train --resume RUN_DIR continues that run from its latest checkpoint instead
-    (other options: only --quiet, and --total-env-steps N to extend it)."""
+    field is a flag; flags override the config of --config FILE, and the env's preset
+    (docs/reference/presets.md) fills the fields neither sets. Writes RUN_DIR/config.json and
+    RUN_DIR/metrics.jsonl. With a run directory, train --resume RUN_DIR continues that run from
+    its latest checkpoint instead (other options: only --quiet, and --total-env-steps N to
+    extend it)."""
 
     cfg: Annotated[CliConfig, tyro.conf.arg(name="")] = dataclasses.field(default_factory=CliConfig)
     quiet: bool = False

@@ -15,7 +15,7 @@ from ppo_async.config.presets import describe
 
 @dataclasses.dataclass(frozen=True)
 class TuneCommand:
-    """The tuning recipe of asynchronous PPO on threaded runs (README "Tuning"): samplers and
+    """The tuning recipe of asynchronous PPO on threaded runs (docs/how-to/tune.md): samplers and
     buffer until the KL to the behaviour policy is under the target, samplers up to the
     throughput knee, bigger batches, then clip, epochs and minibatches on the simulated mode
     replaying the chosen setting's version schedule. Prints each step's grid, rule and choice;

@@ -428,7 +428,7 @@ class EnvOptions:
     gymnasium envs they must stay unset (they would do nothing)."""
 
     backend: str | None = None
-    """Physics backend: for brax/* one of generalized, positional, spring, mjx (None = the env's CPU-friendly default, see README); for playground/* jax or warp (None = jax)."""
+    """Physics backend: for brax/* one of generalized, positional, spring, mjx (None = the env's CPU-friendly default, see docs/how-to/environments.md); for playground/* jax or warp (None = jax)."""
     episode_length: int | None = None
     """Time limit in env steps for brax/* and playground/* (a truncation, bootstrapped); None = 1000 for brax, the task's own for playground."""
 
@@ -461,7 +461,7 @@ class DistributedConfig:
     """Where num_processes, process_id and coordinator_address come from: none (those fields) or slurm (the SLURM task's environment, read by JAX's own cluster detection: SLURM_NTASKS, SLURM_PROCID, the first node of SLURM_STEP_NODELIST, a port from SLURM_JOB_ID or $JAX_COORDINATOR_PORT); leave the three unset, `ppo_async.runtime.distributed.initialize` fills them in."""
 
     learner_sync: LearnerSync = "auto"
-    """How the processes' learners stay identical: batch (one all-gather of every process's samples per iteration, then each process runs the whole update on the whole batch: no collective per SGD step; replicated compute), gradients (each process updates on its own samples and the gradients are all-reduced in every SGD step: data-parallel compute, one latency-bound collective per step) or auto (batch up to 65,536 samples per learner iteration over all processes, else gradients). Both give the same update (docs: several processes, for what each costs)."""
+    """How the processes' learners stay identical: batch (one all-gather of every process's samples per iteration, then each process runs the whole update on the whole batch: no collective per SGD step; replicated compute), gradients (each process updates on its own samples and the gradients are all-reduced in every SGD step: data-parallel compute, one latency-bound collective per step) or auto (batch up to 65,536 samples per learner iteration over all processes, else gradients). Both give the same update (docs/how-to/distributed.md, for what each costs)."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "distributed.")

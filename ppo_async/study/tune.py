@@ -1,7 +1,7 @@
 """The tuning recipe of asynchronous PPO as one call: `ppo_async.study.tune(config)` and
 `python -m ppo_async tune`.
 
-The field's fixed order (README "Tuning"):
+The field's fixed order (docs/how-to/tune.md):
 
   1. samplers and buffer length, nothing else: at the starting sampler count, halve the ring
      buffer (`threaded.buffer_capacity`) from the starting length down to one chunk, longest
