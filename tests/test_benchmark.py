@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 import json
+import math
 import os
 import shutil
 
@@ -309,3 +310,42 @@ def test_a_config_field_added_since_a_benchmark_was_recorded_counts_only_when_no
     changed["configs"]["Pendulum-v1 sync"]["ppo"]["clip_eps"] = 0.3
     with pytest.raises(ConfigError, match=r"configs differ from today's .*Pendulum-v1 sync\.ppo\.clip_eps"):
         bm.check_spec(str(tmp_path), changed)
+
+
+def test_timing_row_and_roofline_by_hand():
+    """Two iterations of a barrier run of 2 samplers (one chunk each per iteration): the busiest
+    sampler's rollout + latency over its 2 chunks; the learner's work summed over its parts."""
+    from ppo_async.study.benchmark import timings
+
+    rows = [{"iteration": 1, "learner_update_s": 0.10, "learner_place_s": 0.01, "learner_wait_s": 0.5, "approx_kl": 0.01,
+             "lag_mean": 0.0, "lag_histogram": [8], "wall_time": 1.0},
+            {"iteration": 2, "learner_update_s": 0.20, "learner_place_s": 0.01, "learner_fetch_s": 0.02, "learner_wait_s": 0.7,
+             "approx_kl": 0.03, "lag_mean": 1.0, "lag_histogram": [2, 6], "wall_time": 2.5,
+             "sampler_rollout_s": [1.0, 1.4], "sampler_latency_s": [0.2, 0.0]}]
+    row = timings.timing_row(rows, "E", "barrier", 0, chunks_per_iteration=2, num_samplers=2)
+    assert row["sample_s"] == pytest.approx(1.4 / 2)  # max(1.0 + 0.2, 1.4 + 0.0) over 2 chunks each
+    assert row["learn_s"] == pytest.approx((0.11 + 0.23) / 2) and row["wait_s"] == pytest.approx(0.6)
+    assert (row["iterations"], row["wall_s"], row["lag_histogram"]) == (2, 2.5, "[10, 6]")
+    assert row["approx_kl"] == pytest.approx(0.02)
+    assert timings.roofline(0.3, 0.1) == pytest.approx(4 / 3) and timings.roofline(0.1, 0.1) == 2.0
+    assert math.isnan(timings.roofline(math.nan, 0.1))
+    assert timings.lag_fractions(["[10, 6]", "[0, 0, 2, 2]"]) == pytest.approx([0.5, 0.3, 0.1, 0.1])
+    assert timings.timing_row([{"iteration": 1, "policy_loss": 0.1}], "E", "sync", 0, 1, 1) is None  # no learner timings
+
+
+def test_a_threaded_benchmark_writes_timings_and_the_report_its_roofline(tmp_path):
+    """A tiny classic benchmark in barrier and async-ppo: timings.csv holds a row per run and
+    the report where the time goes, the roofline and the lag histogram."""
+    from ppo_async.study.benchmark import timings
+
+    out = tmp_path / "bench"
+    pa.benchmark(suite="classic", seeds=1, envs=["Pendulum-v1"], modes=["barrier", "async-ppo"], total_env_steps=4096,
+                 eval_every_steps=2048, eval_episodes=1, out=out, progress=False,
+                 changes={"rollout.num_envs": 4, "rollout.num_steps": 64, "ppo.num_minibatches": 2})
+    df = timings.read_timings(str(out))
+    assert sorted(df["mode"]) == ["async-ppo", "barrier"] and (df["iterations"] > 0).all()
+    assert (df["sample_s"] > 0).all() and (df["learn_s"] > 0).all()
+    barrier = df[df["mode"] == "barrier"].iloc[0]
+    assert json.loads(barrier["lag_histogram"])[0] == barrier["iterations"] * 256  # barrier: every sample at lag 0
+    text = (out / "report.md").read_text()
+    assert "## Where the time goes" in text and "roofline" in text and "| Pendulum-v1 | async-ppo |" in text

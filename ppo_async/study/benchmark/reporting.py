@@ -18,6 +18,7 @@ from ppo_async.study.benchmark.scores import (BOOTSTRAP_REPS, CI_SEED, REFERENCE
                                               load_references, normalising_references, reach_ratio)
 from ppo_async.study.benchmark.store import RESULTS_FILE, as_number, results_frame
 from ppo_async.study.benchmark.suites import ASYNC_MODES, MODE_DEFS, MODES
+from ppo_async.study.benchmark.timings import TIMINGS_FILE, lag_fractions, read_timings, speedups
 
 REPORT_FILE = "report.md"
 SEED_CI = (f"95% CI: {stats.PERCENTILE_METHOD}, {BOOTSTRAP_REPS} resamples from numpy's default_rng({CI_SEED}) "
@@ -128,6 +129,35 @@ def aggregate_section(agg: Mapping[str, Any], references: Mapping[str, float]) -
     return lines
 
 
+def timing_section(timings: pd.DataFrame) -> list[str]:
+    """report.md: where barrier's time goes per iteration, the overlap roofline it allows and
+    each async mode's measured wall-clock speedup against it (`timings.speedups`); then per env
+    and threaded mode the mean KL to the behaviour policy and the lag histogram."""
+    if timings.empty:
+        return []
+    lines = ["## Where the time goes", "",
+             f"Per learner iteration, medians over seeds ({TIMINGS_FILE}): barrier's busiest sampler's time to make "
+             "its chunk (T_sample: rollout plus any simulated latency) and the learner's own work (T_learn); the "
+             "overlap roofline (T_sample + T_learn) / max(T_sample, T_learn) is the best wall-clock speedup an async "
+             "run of the same samplers and learner can reach when sampling and learning overlap on cores they do not "
+             "share. Speedup: barrier's median wall-clock over the async mode's (the iteration loop, same env steps). "
+             "Wall-clock figures are timings only where the manifest says the runs were timed alone.", ""]
+    rows = [[r["env"], r["mode"], _fmt(r["sample_s"]), _fmt(r["learn_s"]), _fmt(r["wait_s"]), _fmt(r["roofline"]),
+             _fmt(r["speedup"]), _fmt(r["share"])] for r in speedups(timings, ASYNC_MODES)]
+    if rows:
+        lines += _markdown(["env", "async mode", "barrier T_sample (s)", "barrier T_learn (s)", "barrier wait (s)",
+                            "roofline", "speedup", "speedup / roofline"], rows) + [""]
+    lag_rows = []
+    for (env, mode), part in timings.groupby(["env", "mode"], sort=True):
+        shares = lag_fractions(list(part["lag_histogram"]))
+        lag_rows.append([env, mode, _fmt(float(part["approx_kl"].mean())), _fmt(float(part["lag_mean"].mean())),
+                         *(f"{100 * x:.1f}%" for x in shares)] if shares else [env, mode, "-", "-", "-", "-", "-", "-"])
+    lines += ["KL to the behaviour policy (mean over iterations and seeds; the article's thresholds: 0.01 "
+              "acceptable, 0.03 hurts convergence) and the share of consumed samples at each lag:", "",
+              *_markdown(["env", "mode", "approx KL", "mean lag", "lag 0", "lag 1", "lag 2", "lag >= 3"], lag_rows), ""]
+    return lines
+
+
 def report(out: str | os.PathLike, references_path: str = REFERENCES_PATH) -> str:
     """Writes OUT/report.md, learning_curves.png, return_vs_wall_clock.png and aggregate.png from
     OUT/results.csv alone (and the reference figures); returns report.md's path."""
@@ -146,7 +176,8 @@ def report(out: str | os.PathLike, references_path: str = REFERENCES_PATH) -> st
     lines = ["# Benchmark report", "",
              f"{len(envs)} envs ({', '.join(envs)}) x modes {', '.join(modes)} x {df['seed'].nunique()} seeds; "
              f"{len(df)} evaluations of the deterministic policy in {RESULTS_FILE} (`ppo_async.study.benchmark`).", "",
-             *final_section(table, refs), *barrier_async_section(table), *aggregate_section(agg, norm), *checkpoints_section(table),
+             *final_section(table, refs), *barrier_async_section(table), *aggregate_section(agg, norm),
+             *timing_section(read_timings(out)), *checkpoints_section(table),
              "## Plots", "", *[f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots if p], "",
              "## References", "", *[f"- {r['env']}: {_fmt(r['value'])} ({r['source']}, {r['implementation']}, "
                                     f"{r['version']}, {r['env_id']}, {_fmt(r['env_steps'])} steps, {r['seeds']} seed(s), "

@@ -20,6 +20,7 @@ from ppo_async.study.benchmark.reporting import report
 from ppo_async.study.benchmark.store import (DONE_FILE, WALL_FILE, WallLog, check_spec, finished_keys, results_frame,
                                              rows_of_run, run_dir_of, write_results)
 from ppo_async.study.benchmark.suites import Plan, plan_spec, resolve_plan, run_config
+from ppo_async.study.benchmark.timings import read_timings, timing_row, write_timing
 from ppo_async.study.manifest import Manifest, write_json
 
 
@@ -86,9 +87,35 @@ def finish_run(out: str, plan: Plan, env: str, mode: str, seed: int, done: set, 
     if not rows or not rows[-1]["final"]:
         raise RuntimeError(f"run {run_dir!r} ended without its final evaluation row")
     write_results(out, rows)
+    record_timing(out, run_dir, config, env, mode, seed)
     write_json(marker, {"env": env, "mode": mode, "seed": seed, "rows": len(rows)})
     done.add((env, mode, seed))
     return how
+
+
+def record_timing(out: str, run_dir: str, config: Config, env: str, mode: str, seed: int) -> bool:
+    """The run's row of OUT/timings.csv (`timings.timing_row`) from its metrics.jsonl, where it is
+    a threaded run whose directory is here; returns whether a row was written."""
+    path = os.path.join(run_dir, rundir.METRICS_FILE)
+    if config.mode != "threaded" or not os.path.isfile(path):
+        return False
+    row = timing_row(read_jsonl(path), env, mode, seed, config.threaded.effective_chunks_per_batch,
+                     config.threaded.num_samplers)
+    if row is not None:
+        write_timing(out, row)
+    return row is not None
+
+
+def backfill_timings(out: str, plan: Plan, runs_dir: str | None) -> int:
+    """Rows of OUT/timings.csv for finished runs that lack one (finished before timings.csv
+    existed) and whose run directory is still here; returns how many were added."""
+    have = {(r.env, r.mode, int(r.seed)) for r in read_timings(out).itertuples()}
+    added = 0
+    for env, mode, seed in sorted(finished_keys(out) - have):
+        if env in plan.envs and mode in plan.modes and seed < plan.seeds:
+            run_dir = run_dir_of(out, env, mode, seed, runs_dir)
+            added += record_timing(out, run_dir, run_config(plan, env, mode, seed, run_dir), env, mode, seed)
+    return added
 
 
 def benchmark(
@@ -150,6 +177,7 @@ def benchmark(
                     if on_run is not None:
                         on_run(env, mode, seed, how)
         manifest.extra["runs"] = counts
+        backfill_timings(out, plan, None if runs_dir is None else os.fspath(runs_dir))
         report(out)
     return results_frame(out)
 
