@@ -427,6 +427,21 @@ def _grid_keys(df: pd.DataFrame) -> list[str]:
     return [str(k) for k in grid if k in df.columns]
 
 
+class Summary(pd.DataFrame):
+    """The DataFrame `summarize` returns: printed whole (`print(pa.summarize(...))` shows every
+    column, not pandas' `...` for a wide table); everything else is a DataFrame's."""
+
+    @property
+    def _constructor(self) -> type:
+        return Summary
+
+    def __repr__(self) -> str:
+        return self.to_string()
+
+    def __str__(self) -> str:
+        return self.to_string()
+
+
 def summarize(result_or_dataframe, threshold: float | None = None, by_seed: bool = False, last_fraction: float = 0.1) -> pd.DataFrame:
     """One table row per config (or per config and seed) of a run or a sweep.
 
@@ -441,7 +456,7 @@ def summarize(result_or_dataframe, threshold: float | None = None, by_seed: bool
       last_fraction: the tail of each seed's iterations averaged for the final return.
 
     Returns:
-      A DataFrame with a RangeIndex and the columns `config_id` and the grid keys (sweeps
+      A DataFrame (a `Summary`: printed with every column) with a RangeIndex and the columns `config_id` and the grid keys (sweeps
       only), `seed` (by_seed only), then SUMMARY_COLUMNS:
         num_seeds: seeds in the row;
         final_return_mean / final_return_std: mean / population std (ddof 0) over seeds of
@@ -480,7 +495,7 @@ def summarize(result_or_dataframe, threshold: float | None = None, by_seed: bool
         rows.append(row)
     metrics = [c for c in SUMMARY_COLUMNS if threshold is not None or c not in ("steps_to_threshold_median", "reached")]
     columns = [*config_keys, *labels, *(["seed"] if by_seed else []), *metrics]
-    return pd.DataFrame(rows, columns=columns)
+    return Summary(rows, columns=columns)
 
 
 def measured_kl(df: pd.DataFrame) -> np.ndarray:
