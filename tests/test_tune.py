@@ -4,6 +4,7 @@ measurements, the measurements of a run, and one small end-to-end tune that resu
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import math
 
@@ -147,3 +148,74 @@ def test_tune_end_to_end_writes_everything_and_resumes(tmp_path, monkeypatch):
     assert again.config == result.config and again.knee == result.knee
     with pytest.raises(ConfigError, match="holds a tune of another config"):
         pa.tune(small_config().replace(seed=1), **options)
+
+
+# ------------------------------------------------------------------ ties and the ETA (issue 40 item 9)
+
+def _replayed(returns):
+    """Step-4 rows over clip x epochs x minibatches (the sweep's order), all under the KL target."""
+    grid = {"ppo.clip_eps": [0.1, 0.2, 0.3], "ppo.num_epochs": [2, 5, 10], "ppo.num_minibatches": [8, 16]}
+    points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    return grid, [{**p, "final_return_mean": r, "approx_kl_mean": 0.01} for p, r in zip(points, returns)]
+
+
+class _FakeTuner:
+    """What step 4's choice reads of a tuner; its threaded checks all pass the KL target."""
+
+    def __init__(self):
+        self.base, self.kl_target, self.checked = pa.Config(), 0.02, []
+
+    def measure(self, step, changes):
+        self.checked.append(dict(changes))
+        return {"approx_kl_mean": 0.01, "final_return": -1.0}
+
+
+def test_tied_replayed_settings_go_to_the_cheaper_one_and_say_so():
+    tune_module = importlib.import_module("ppo_async.study.tune")  # (ppo_async.study.tune is the function)
+    grid, rows = _replayed([-500.0] * 18)  # a small budget: every setting scores the same
+    tuner = _FakeTuner()
+    choice, why = tune_module._verified_choice(tuner, {}, rows, grid)
+    # the fewest SGD steps per iteration (2 epochs x 8 minibatches), then the clip nearest the start (0.2)
+    assert choice == {"ppo.clip_eps": 0.2, "ppo.num_epochs": 2, "ppo.num_minibatches": 8}
+    assert "18 settings tied at replayed final return -500" in why and "fewer SGD steps" in why
+    # no episode ended anywhere (NaN returns): still a tie, broken the same way
+    grid, rows = _replayed([math.nan] * 18)
+    choice, why = tune_module._verified_choice(_FakeTuner(), {}, rows, grid)
+    assert choice["ppo.num_epochs"] == 2 and "18 settings tied at replayed final return none measured" in why
+    # a clear best is kept, with no word about ties
+    grid, rows = _replayed([-500.0] * 17 + [-100.0])
+    choice, why = tune_module._verified_choice(_FakeTuner(), {}, rows, grid)
+    assert choice == {"ppo.clip_eps": 0.3, "ppo.num_epochs": 10, "ppo.num_minibatches": 16} and "tied" not in why
+
+
+def test_threaded_ties_go_to_fewer_samplers_then_a_shorter_buffer():
+    from ppo_async.study.tune_rules import THREADED_TIE_RULE, best_under_target, threaded_cost
+
+    cost = threaded_cost(4, 16 * 1024, 16, 64)
+    table = [{"threaded.num_samplers": 4, "threaded.buffer_capacity": 8192, "approx_kl_mean": 0.01, "rate": 900.0},
+             {"threaded.num_samplers": 2, "threaded.buffer_capacity": 8192, "approx_kl_mean": 0.01, "rate": 900.0},
+             {"threaded.num_samplers": 2, "threaded.buffer_capacity": 2048, "approx_kl_mean": 0.01, "rate": 900.0},
+             {"threaded.num_samplers": 1, "threaded.buffer_capacity": 1024, "approx_kl_mean": 0.05, "rate": 950.0}]
+    assert best_under_target(table, 0.02, "rate", cost) == (2, True)
+    assert best_under_target(table, 0.001, "rate", cost) == (2, False)  # none under: the lowest KL, then the cheaper
+    assert "fewer samplers" in THREADED_TIE_RULE
+
+
+def test_the_eta_is_measured_and_names_the_replay_sweep():
+    from ppo_async.study.tune_rules import progress_line
+
+    # 5 runs measured, 50 s in all, the slowest 20 s; 12 may remain: at most 240 s, and the sweep still to run
+    line = progress_line(2, 5, 17, 80.4, 50.0, 5, slowest_s=20.0, sweep_settings=36)
+    assert line == ("tune: step 2/4, run 5 of at most 17, 80s elapsed, ETA at most 240s + step 4's replay sweep "
+                    "(36 settings, timed as it runs)")
+    assert progress_line(4, 16, 17, 300.0, 150.0, 15, slowest_s=20.0).endswith("ETA at most 20s")
+
+
+def test_tuner_progress_names_the_sweep_until_it_ran(monkeypatch):
+    tune_module = importlib.import_module("ppo_async.study.tune")
+    tuner = tune_module._Tuner(small_config(), 0.02, 128 * 10, seeds=1, out=None, progress=False)
+    tuner.plan(max_samplers=2, batch_factors=1, sweep_settings=12)
+    tuner.measured, tuner.run_seconds, tuner.slowest, tuner.runs = 2, 10.0, 7.0, 2
+    assert "ETA at most" in tuner.progress_line() and "replay sweep (12 settings" in tuner.progress_line()
+    tuner.sweep_settings = 0
+    assert "replay sweep" not in tuner.progress_line()

@@ -33,8 +33,11 @@ Steps 1-3 are real threaded runs of `budget_per_run` env steps (default: the con
 `total_env_steps`, the budget the result is for), measured with
 `analysis.run_measurements` (throughput after a 20% warm-up; mean KL after it). Every step
 prints its grid, rule and choice as it goes, and after each setting the overall progress,
-`tune: step 2/4, run 5 of at most 17, 80s elapsed, ETA at most 150s` (`progress_line`; the
-steps stop early, so J is a bound that shrinks as they end). The output directory holds `report.md`,
+`tune: step 2/4, run 5 of at most 17, 80s elapsed, ETA at most 150s + step 4's replay sweep (18
+settings, timed as it runs)` (`progress_line`; the steps stop early, so J is a bound that shrinks
+as they end; the ETA is the runs left times the slowest run measured). Settings that score the
+same are told apart by a stated rule, the cheaper first (`tune_rules`), and the choice says
+how many tied. The output directory holds `report.md`,
 `knee.png`, `kl_vs_buffer.png`, `chosen_config.json` (for `train --config`),
 `measurements.jsonl` (one line per run / step-4 setting), `schedules/` (each run's version
 schedule) and `tune.json` (the base config and options). Run again on the same directory,
@@ -59,10 +62,25 @@ from ppo_async.core.lag import write_schedule
 from ppo_async.errors import DataFileError
 from ppo_async.report.metrics import read_jsonl
 from ppo_async.study.sweep import sweep
+from ppo_async.study.tune_rules import (  # noqa: F401  (the pure rules, re-exported: tune.knee_of, ...)
+    KNEE_GAIN,
+    REPLAY_TIE_RULE,
+    THREADED_TIE_RULE,
+    VERIFY_TRIES,
+    best_first,
+    best_under_target,
+    buffer_lengths,
+    knee_of,
+    most_runs,
+    progress_line,
+    replay_cost,
+    sampler_counts,
+    threaded_cost,
+    tie_note,
+    tied_with,
+)
 from ppo_async.modes.train import train
 
-KNEE_GAIN = 0.5
-"""Step 2: a sampler count passes when it adds at least this fraction of the first sampler's throughput."""
 BATCH_GAIN = 0.1
 """Step 3: a bigger batch is kept only when it raises throughput by at least this fraction."""
 RETURN_SLACK = 0.25
@@ -74,8 +92,6 @@ WARMUP_FRACTION = 0.2
 MEASUREMENTS_FILE = "measurements.jsonl"
 BATCH_FACTORS = (("rollout.num_envs", 2), ("rollout.num_envs", 4), ("rollout.num_steps", 2))
 CLIP_VALUES = (0.1, 0.2, 0.3)
-VERIFY_TRIES = 3
-"""Step 4: threaded runs that check the best replayed settings' KL, at most this many."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,73 +145,6 @@ def _check_base(config: Config, kl_target: float, budget: int, seeds: int, max_s
         raise ConfigError(f"max_samplers = {max_samplers!r} is invalid: must be an integer >= 1")
 
 
-def buffer_lengths(capacity_chunks: int) -> list[int]:
-    """Step 1's buffer lengths in chunks: the start, halved down to one chunk (`[16, 8, 4, 2, 1]`)."""
-    out = [capacity_chunks]
-    while out[-1] > 1:
-        out.append(out[-1] // 2)
-    return out
-
-
-def sampler_counts(samplers: int) -> list[int]:
-    """Step 1's sampler counts: the start, halved down to one (`[4, 2, 1]`)."""
-    out = [samplers]
-    while out[-1] > 1:
-        out.append(max(1, out[-1] // 2))
-    return out
-
-
-def most_runs(step: int, samplers: int, chunks: int, max_samplers: int, batch_factors: int, seeds: int) -> int:
-    """The most threaded runs steps `step`..4 can still take (pure): step 1 every buffer length at
-    every sampler count, step 2 every count up to `max_samplers`, step 3 every batch factor,
-    step 4 its `VERIFY_TRIES` checks; each setting `seeds` runs. An upper bound: the steps stop
-    early, and a setting measured before is read back."""
-    settings = {1: len(buffer_lengths(chunks)) * len(sampler_counts(samplers)), 2: max_samplers,
-                3: batch_factors, 4: VERIFY_TRIES}
-    return seeds * sum(n for k, n in settings.items() if k >= step)
-
-
-def progress_line(step: int, runs: int, most: int, elapsed_s: float, run_s: float, measured: int) -> str:
-    """`tune: step 2/4, run 5 of at most 17, 80s elapsed, ETA at most 150s` (pure): the
-    threaded runs so far (read back ones included) and the most there can be; the ETA is the
-    mean time of the runs measured here times the runs that may remain (none measured: no ETA)."""
-    eta = f"ETA at most {run_s / measured * max(most - runs, 0):.0f}s" if measured else "ETA after the first run"
-    return f"tune: step {step}/4, run {runs} of at most {most}, {elapsed_s:.0f}s elapsed, {eta}"
-
-
-def knee_of(rows: Sequence[Mapping[str, Any]], kl_target: float) -> tuple[int, list[bool]]:
-    """Step 2's knee (pure): `rows` hold `num_samplers` 1, 2, ... in order with
-    `consumer_steps_per_s` and `approx_kl_mean`. Returns (knee, passes): n passes when its
-    KL is under the target and (n > 1) T(n) - T(n-1) >= KNEE_GAIN * T(1); the knee is the last
-    n of the unbroken run of passes from n = 1 (1 when even n = 1 fails)."""
-    passes = []
-    for i, row in enumerate(rows):
-        ok = row["approx_kl_mean"] < kl_target
-        if i > 0:
-            gain = row["consumer_steps_per_s"] - rows[i - 1]["consumer_steps_per_s"]
-            ok = ok and gain >= KNEE_GAIN * rows[0]["consumer_steps_per_s"]
-        passes.append(bool(ok))
-    knee = 1
-    for i, ok in enumerate(passes):
-        if not ok:
-            break
-        knee = rows[i]["num_samplers"]
-    return knee, passes
-
-
-def best_under_target(rows: Sequence[Mapping[str, Any]], kl_target: float, score: str) -> tuple[int, bool]:
-    """Index of the row with the highest `score` among those with `approx_kl_mean` under the
-    target (the first on ties), and True; else of the lowest KL, and False."""
-    under = [i for i, r in enumerate(rows) if r["approx_kl_mean"] < kl_target and math.isfinite(r[score])]
-    if under:
-        return max(under, key=lambda i: (rows[i][score], -i)), True
-    return min(range(len(rows)), key=lambda i: (_finite_or_inf(rows[i]["approx_kl_mean"]), i)), False
-
-
-def _finite_or_inf(value: float) -> float:
-    return value if math.isfinite(value) else math.inf
-
-
 class _Tuner:
     """The impure shell: runs (or, resuming, reads back) one measured setting at a time."""
 
@@ -207,7 +156,12 @@ class _Tuner:
         self.runs, self.started = 0, time.perf_counter()
         self.step, self.most = 1, 0  # the step under way; the most threaded runs of the whole tune (`plan`)
         self.measured, self.run_seconds = 0, 0.0  # the runs measured here (not read back) and their time
+        self.slowest = 0.0  # the longest of those runs (the ETA's time per run)
+        self.sweep_settings = 0  # step 4's replay sweep while it is still to run: settings x seeds
         self._plan: tuple | None = None  # (samplers, buffer chunks, max_samplers, batch factors) of `most_runs`
+        rollout, threaded = self.base.rollout, self.base.threaded
+        self.cost = threaded_cost(threaded.num_samplers, self.base.buffer_capacity_chunks * self.base.chunk_size,
+                                  rollout.num_envs, rollout.num_steps)  # a threaded setting's cost, for ties
         if out is not None:
             self.schedule_dir = os.path.join(out, "schedules")
             self._open(base, budget)
@@ -236,15 +190,17 @@ class _Tuner:
         if self.progress:
             print(text, flush=True)
 
-    def plan(self, max_samplers: int, batch_factors: int) -> None:
-        """Sets the most threaded runs the tune can take (`most_runs`), for the progress lines."""
+    def plan(self, max_samplers: int, batch_factors: int, sweep_settings: int = 0) -> None:
+        """Sets the most threaded runs the tune can take (`most_runs`) and the size of step 4's
+        replay sweep (settings x seeds), for the progress lines."""
         self._plan = (self.base.threaded.num_samplers, self.base.buffer_capacity_chunks, max_samplers, batch_factors)
         self.most = most_runs(1, *self._plan, self.seeds)
+        self.sweep_settings = sweep_settings
 
     def progress_line(self) -> str:
         """The overall progress now (`progress_line`)."""
         return progress_line(self.step, self.runs, max(self.most, self.runs), time.perf_counter() - self.started,
-                             self.run_seconds, self.measured)
+                             self.run_seconds, self.measured, self.slowest, self.sweep_settings)
 
     def step_done(self, step: TuneStep) -> None:
         """After each step: its choice, the overall progress (step i/4, run j of at most J, ETA)
@@ -285,6 +241,7 @@ class _Tuner:
             result = train(config.replace(seed=seed))
             self.measured += 1
             self.run_seconds += time.perf_counter() - t_run
+            self.slowest = max(self.slowest, time.perf_counter() - t_run)
             per_seed.append(run_measurements(result.to_dataframe(), WARMUP_FRACTION))
             name = f"{_slug(changes)}-seed{seed}.jsonl"
             write_schedule(os.path.join(self.schedule_dir, name), result.extras["version_schedule"])
@@ -342,7 +299,7 @@ def step_buffer(tuner: _Tuner) -> TuneStep:
     base = tuner.base
     rule = (f"halve the buffer from {base.buffer_capacity_chunks} chunks, longest first, at "
             f"{base.threaded.num_samplers} samplers; stop at the first with mean KL < {tuner.kl_target}; "
-            "if none, halve the samplers and repeat")
+            f"if none, halve the samplers and repeat; none under it: the lowest KL, {THREADED_TIE_RULE}")
     tuner.say(f"step 1 (samplers and buffer length): {rule}")
     rows: list = []
     samplers = base.threaded.num_samplers
@@ -356,10 +313,11 @@ def step_buffer(tuner: _Tuner) -> TuneStep:
         if samplers == 1:
             break
         samplers = max(1, samplers // 2)
-    i, _ = best_under_target(rows, tuner.kl_target, "consumer_steps_per_s")
-    best = rows[i]
+    order = best_first(rows, range(len(rows)), "approx_kl_mean", tuner.cost, lowest=True)
+    best = rows[order[0]]
     why = (f"no setting reached mean KL < {tuner.kl_target} (missed): kept the lowest KL, "
-           f"{best['approx_kl_mean']:.4f}")
+           f"{best['approx_kl_mean']:.4f}" + tie_note(len(tied_with(rows, order, "approx_kl_mean")), "mean KL",
+                                                    best["approx_kl_mean"], THREADED_TIE_RULE))
     return TuneStep(1, "samplers and buffer length", rule, rows,
                     _buffer_changes(tuner, best["num_samplers"], best["buffer_chunks"]), why)
 
@@ -391,7 +349,7 @@ def step_batch(tuner: _Tuner, chosen: dict, knee_row: Mapping[str, Any], through
     """Step 3: a bigger batch per sampler (envs, steps) at the knee."""
     rule = (f"at the knee, try {', '.join(f'{p} x{f}' for p, f in batch_factors)} (same buffer length in chunks); keep "
             f"the highest throughput with mean KL < {tuner.kl_target} that beats the knee's by >= {BATCH_GAIN:.0%} "
-            f"with a final return within {RETURN_SLACK:.0%} of the knee's")
+            f"with a final return within {RETURN_SLACK:.0%} of the knee's; {THREADED_TIE_RULE}")
     knee_rate = knee_row["consumer_steps_per_s"]
     if throughput_target is not None and knee_rate >= throughput_target:
         why = f"skipped: the knee's {knee_rate:,.0f} env steps/s reaches throughput_target = {throughput_target:,.0f}"
@@ -413,12 +371,15 @@ def step_batch(tuner: _Tuner, chosen: dict, knee_row: Mapping[str, Any], through
     floor = knee_row["final_return"] - RETURN_SLACK * abs(knee_row["final_return"])
     eligible = [r for r in rows[1:] if r["consumer_steps_per_s"] >= (1 + BATCH_GAIN) * knee_rate
                 and not r["final_return"] < floor]  # (a NaN return, no episode finished, is not held against it)
-    i, ok = best_under_target(eligible, tuner.kl_target, "consumer_steps_per_s") if eligible else (0, False)
+    i, ok = best_under_target(eligible, tuner.kl_target, "consumer_steps_per_s", tuner.cost) if eligible else (0, False)
     if eligible and ok:
         pick = eligible[i]
         choice = {p: pick[p] for p in ("rollout.num_envs", "rollout.num_steps", "threaded.buffer_capacity") if p in pick}
+        under = [k for k, r in enumerate(eligible) if r["approx_kl_mean"] < tuner.kl_target]
+        ties = tied_with(eligible, best_first(eligible, under, "consumer_steps_per_s"), "consumer_steps_per_s")
         why = (f"{pick['batch']}: {pick['consumer_steps_per_s']:,.0f} env steps/s "
-               f"({pick['consumer_steps_per_s'] / knee_rate:.2f}x the knee), mean KL {pick['approx_kl_mean']:.4f}")
+               f"({pick['consumer_steps_per_s'] / knee_rate:.2f}x the knee), mean KL {pick['approx_kl_mean']:.4f}"
+               + tie_note(len(ties), "throughput", pick["consumer_steps_per_s"], THREADED_TIE_RULE))
         return TuneStep(3, "bigger batches per sampler", rule, rows, choice, why)
     why = (f"kept the knee's batch: no bigger batch gained >= {BATCH_GAIN:.0%} throughput with mean KL < "
            f"{tuner.kl_target} and a final return >= {floor:.1f}")
@@ -450,7 +411,8 @@ def step_replay(tuner: _Tuner, chosen: Mapping[str, Any], seeds: int,
     threaded_config = replace_paths(tuner.base, with_latency(tuner.base, chosen))
     grid = _replay_grid(threaded_config) if grid is None else {k: list(v) for k, v in grid.items()}
     rule = (f"replay the chosen setting's version schedule in the simulated mode, {seeds} seed(s); grid "
-            f"{_describe(grid)}; keep the highest final return (last quarter) with mean KL < {tuner.kl_target}")
+            f"{_describe(grid)}; keep the highest final return (last quarter) with mean KL < {tuner.kl_target}, "
+            f"{REPLAY_TIE_RULE}")
     tuner.say(f"step 4 (clip, epochs, minibatches on the replayed schedule): {rule}")
     points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]  # the sweep's order
     keys = [json.dumps({"replay": _slug(chosen), **point}, sort_keys=True) for point in points]
@@ -470,6 +432,7 @@ def step_replay(tuner: _Tuner, chosen: Mapping[str, Any], seeds: int,
             rows.append(row)
         tuner.say(f"  {len(rows)} settings x {seeds} seed(s), {df.attrs['compiles']} compiles, "
                   f"{time.perf_counter() - t0:.0f} s")
+    tuner.sweep_settings = 0  # done: the ETA's time is the threaded checks'
     for row in rows:
         tuner.say(f"  {_describe({k: row[k] for k in grid})}: return {row['final_return_mean']:.1f}, "
                   f"KL {row['approx_kl_mean']:.4f}")
@@ -484,17 +447,20 @@ def _verified_choice(tuner: _Tuner, chosen: Mapping[str, Any], rows: list, grid:
     candidates under the target, best replayed return first, each get a threaded run; the
     first whose measured mean KL is under the target wins (at most VERIFY_TRIES; none: the
     starting PPO fields stay). Adds `threaded_kl` / `threaded_return` to the checked rows."""
-    order = sorted((i for i, r in enumerate(rows) if r["approx_kl_mean"] < tuner.kl_target),
-                   key=lambda i: (-rows[i]["final_return_mean"], i))
+    ppo = tuner.base.ppo
+    under = [i for i, r in enumerate(rows) if r["approx_kl_mean"] < tuner.kl_target]
+    order = best_first(rows, under, "final_return_mean", replay_cost(ppo.clip_eps, ppo.num_epochs, ppo.num_minibatches))
+    ties = tied_with(rows, order, "final_return_mean")
     for i in order[:VERIFY_TRIES]:
         candidate = {k: rows[i][k] for k in grid}
         unchanged = all(get_path(tuner.base, k) == v for k, v in candidate.items())
         measured = tuner.measure(4, {**chosen, **candidate}) if not unchanged else tuner.measure(2, dict(chosen))
         rows[i]["threaded_kl"], rows[i]["threaded_return"] = measured["approx_kl_mean"], measured["final_return"]
         if measured["approx_kl_mean"] < tuner.kl_target:
+            tied = tie_note(len(ties), "replayed final return", rows[i]["final_return_mean"], REPLAY_TIE_RULE)
             return candidate, (f"replayed final return {rows[i]['final_return_mean']:.1f} at mean KL "
                                f"{rows[i]['approx_kl_mean']:.4f}; its threaded run: mean KL {measured['approx_kl_mean']:.4f}, "
-                               f"final return {measured['final_return']:.1f}")
+                               f"final return {measured['final_return']:.1f}" + (tied if i in ties else ""))
     if not order:
         return {}, f"no replayed setting had mean KL < {tuner.kl_target} (missed): the starting PPO fields stay"
     return {}, (f"the {min(len(order), VERIFY_TRIES)} best replayed settings all ran over the KL target in threaded "
@@ -555,7 +521,8 @@ def tune(
         raise ConfigError(f"replay_seeds = {replay_seeds!r} is invalid: must be an integer >= 1")
     out = None if out is None else os.fspath(out)
     tuner = _Tuner(config, float(kl_target), budget, seeds, out, progress)
-    tuner.plan(max_samplers, len(batch_factors))
+    grid = replay_grid if replay_grid is not None else _replay_grid(config)
+    tuner.plan(max_samplers, len(batch_factors), math.prod(len(v) for v in grid.values()) * replay_seeds)
     first = step_buffer(tuner)
     tuner.step_done(first)
     chunks = first.choice["threaded.buffer_capacity"] // tuner.base.chunk_size
