@@ -35,7 +35,7 @@ LAST_FIELDS = (
     "dropped_overwritten", "dropped_stale_total", "behavior_version", "sampler_id", "sampler_steps_per_second",
     "sampler_rollout_s", "sampler_wait_params_s", "sampler_wait_buffer_s", "sampler_wait_space_s", "sampler_write_s",
     "sampler_latency_s", "sampler_forced_refreshes", "sampler_paused_s", "dropped_fraction_window", "kl_high_streak",
-    "warning",
+    "warning", "resumed_at_iteration", "dropped_at_resume",
     # the KL controller's state after the window's last iteration (`ppo_async.core.kl_control`)
     "controller_kl_mean", "controller_active_samplers", "controller_refresh_lag", "controller_max_lag",
     "controller_action", "controller_adjustments",

@@ -41,6 +41,13 @@ def _mean(rows: Sequence[Mapping[str, Any]], name: str) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
+def _per_iteration(rows: Sequence[Mapping[str, Any]], names: Sequence[str], iterations: int) -> float:
+    """Seconds per learner iteration of fields a metrics row sums over the iterations it covers
+    (`report.aggregate.FIELD_RULES`: the learner's timings), whatever `log_every`."""
+    total = sum(float(r.get(k) or 0.0) for r in rows for k in names)
+    return total / iterations if iterations > 0 else math.nan
+
+
 def sampler_chunk_s(last_row: Mapping[str, Any], chunks_per_sampler: float) -> float:
     """The busiest sampler's seconds per chunk: its cumulative rollout plus simulated latency
     seconds (`sampler_rollout_s`, `sampler_latency_s`: one entry per sampler) over the chunks
@@ -62,7 +69,6 @@ def timing_row(metrics: Sequence[Mapping[str, Any]], env: str, mode: str, seed: 
     if not rows or "learner_update_s" not in rows[-1]:
         return None
     iterations = int(rows[-1]["iteration"])
-    learn = [sum(float(r.get(k) or 0.0) for k in LEARNER_WORK) for r in rows]
     histogram = np.zeros(0)
     for r in rows:
         h = np.asarray(r.get("lag_histogram") or [], np.float64)
@@ -70,7 +76,7 @@ def timing_row(metrics: Sequence[Mapping[str, Any]], env: str, mode: str, seed: 
     return {
         "env": env, "mode": mode, "seed": seed, "iterations": iterations,
         "sample_s": sampler_chunk_s(rows[-1], iterations * chunks_per_iteration / max(num_samplers, 1)),
-        "learn_s": float(np.mean(learn)), "wait_s": _mean(rows, "learner_wait_s"),
+        "learn_s": _per_iteration(rows, LEARNER_WORK, iterations), "wait_s": _per_iteration(rows, ["learner_wait_s"], iterations),
         "wall_s": float(rows[-1].get("wall_time", math.nan)), "approx_kl": _mean(rows, "approx_kl"),
         "lag_mean": _mean(rows, "lag_mean"), "lag_histogram": json.dumps([int(x) for x in histogram]),
     }
