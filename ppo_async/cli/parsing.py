@@ -165,18 +165,19 @@ def in_their_words(exc: ConfigError, fields: Sequence[str], file: str | None = N
                    file_fields: Collection[str] = (), flags: Collection[str] = ()) -> str:
     """The one line of a rejected command: each failure (several for a `FieldFailures`, "; "
     between them) names its field where the user set it: `FILE: field = ...` for a field the
-    config file `file` sets (`file_fields`, dotted) and no flag overrides (`flags`), else the
-    flag (`as_command_line`), so an error never names a flag for a value the user wrote in a file."""
+    config file `file` sets (`file_fields`, dotted; "" among them: a failure naming no field
+    comes from the file too) and no flag overrides (`flags`), else the flag (`as_command_line`),
+    so an error never names a flag for a value the user wrote in a file. When every failure is
+    the file's, the file is named once, first."""
     if isinstance(exc, Explained):
         return str(exc)
     failures = exc.failures if isinstance(exc, FieldFailures) else [(field_of(str(exc)), str(exc))]
-    parts = []
-    for field, message in failures:
-        if file is not None and field in file_fields and field not in flags:
-            parts.append(f"{file}: " + re.sub(r"^[a-z]+: ", "", message))
-        else:
-            parts.append(as_command_line(message, fields))
-    return "; ".join(parts)
+    in_file = [file is not None and field in file_fields and field not in flags for field, _ in failures]
+    parts = [re.sub(r"^[a-z]+: ", "", message) if mine else as_command_line(message, fields)
+             for (_, message), mine in zip(failures, in_file)]
+    if all(in_file):
+        return f"{file}: " + "; ".join(parts)
+    return "; ".join(f"{file}: {part}" if mine else part for part, mine in zip(parts, in_file))
 
 
 def flatten(box: str) -> str:

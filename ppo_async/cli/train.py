@@ -23,7 +23,7 @@ from ppo_async.cli.progress import Waiting
 from ppo_async.runtime.launch import peer_done_line
 from ppo_async.cli.config_file import file_config, file_fields, load_config_file
 from ppo_async.config import Config, DistributedConfig, check_given_apply, get_path, presets, replace_paths
-from ppo_async.config.checks import FieldFailures, field_of, field_paths
+from ppo_async.config.checks import FieldFailures, every_failure, field_of, field_paths
 from ppo_async.errors import ConfigError
 
 CLI_RUN_DIR = "runs/<env>-<mode>-<timestamp>"
@@ -150,7 +150,9 @@ def prepare(args: Sequence[str], join: bool = False) -> tuple[list[str], TrainCo
         from ppo_async.run.rundir import read_run_config  # reads checkpoints: JAX
 
         parse(_ResumeOptions, args, command="", unknown=_resume_refusal)
-        return args, TrainCommand(cfg=cli_config(read_run_config(given.resume)), resume=given.resume)
+        config = read_run_config(given.resume)
+        check_resume_config(given.resume, config)
+        return args, TrainCommand(cfg=cli_config(config), resume=given.resume)
     file_data = load_config_file(given.config) if given.config else {}
     if join and not helping:
         args += _join_processes(args, file_data)
@@ -161,6 +163,28 @@ def prepare(args: Sequence[str], join: bool = False) -> tuple[list[str], TrainCo
         base = replace_paths(base, {"env": env, "mode": mode, **preset})
     return args, TrainCommand(cfg=cli_config(base), config=given.config, preset=preset, given=given_fields(args),
                               file_fields=tuple(file_fields(file_data)))
+
+
+def check_resume_config(run_dir: str, config: Config) -> None:
+    """ConfigError (one line) when RUN_DIR/config.json no longer matches the config its latest
+    checkpoint was written with (up to the fields a resumed run may change): the fields that
+    differ, before a restore would report the mismatch leaf by leaf. No checkpoint: nothing to
+    compare (the run reports it as it starts)."""
+    from ppo_async.run import rundir
+    from ppo_async.run.checkpoint import Checkpointer
+    from ppo_async.run.recorder import RESUME_FREE_FIELDS
+
+    ckpt_dir = rundir.checkpoint_dir(run_dir)
+    if not os.path.isdir(ckpt_dir):
+        return
+    with Checkpointer(ckpt_dir, max_to_keep=config.keep_checkpoints) as ckpt:
+        if ckpt.latest_step() is None:
+            return
+        meta = ckpt.metadata()
+    try:
+        rundir.check_config_matches(config, meta, RESUME_FREE_FIELDS)
+    except ConfigError as exc:
+        raise Explained(f"{os.path.join(run_dir, rundir.CONFIG_FILE)}: {exc}; restore it, or train a new run") from None
 
 
 def train_fields() -> list[str]:
@@ -228,8 +252,10 @@ def distributed_layout(args: Sequence[str], file_data: Mapping[str, Any] | None 
     section = section if isinstance(section, dict) else {}
     if not section and not any(a.startswith("--distributed.") for a in args):
         return None
-    default = _Layout(DistributedConfig(**section))
-    return parse(_Layout, args, command="train", default=default, return_unknown_args=True, add_help=False)[0].distributed
+    with every_failure(own=True):  # a layout with a failed field is never joined
+        default = _Layout(DistributedConfig(**section))
+        return parse(_Layout, args, command="train", default=default, return_unknown_args=True,
+                     add_help=False)[0].distributed
 
 
 def _join_processes(args: Sequence[str], file_data: dict) -> list[str]:

@@ -7,10 +7,13 @@ from typing import Annotated
 
 import tyro
 
-from ppo_async.cli.config_file import load_config_file
+from ppo_async.cli.config_file import file_fields, load_config_file
+from ppo_async.cli.parsing import Explained, in_their_words
 from ppo_async.cli.paths import check_output_dir
 from ppo_async.cli.train import default_run_dir
+from ppo_async.config.checks import every_failure
 from ppo_async.config.presets import describe
+from ppo_async.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +50,13 @@ class TuneCommand:
     def run(self) -> int:
         from ppo_async.study.tune import start_config, tune  # here: `--help` and parse errors need no JAX
 
-        config, filled = start_config(load_config_file(self.config) if self.config else {}, self.env)
+        data = load_config_file(self.config) if self.config else {}
+        try:
+            with every_failure(own=True):
+                config, filled = start_config(data, self.env)
+        except ConfigError as exc:  # a field of the file named as its key there (--env as the flag)
+            raise Explained(in_their_words(exc, ["env"], self.config, (*file_fields(data), ""),
+                                           ("env",) if self.env else ())) from None
         out = self.out or default_run_dir(config.env, "tune").replace(f"{config.env}-tune", f"tune-{config.env}")
         check_output_dir("--out", out)
         if not self.quiet:
