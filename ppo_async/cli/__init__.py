@@ -2,7 +2,9 @@
 
 `dispatch` (the entry point `main` and the subcommands), `train`, `tools` (eval / plot /
 compare), `tune`, `launch`: each command a frozen dataclass of its options; `parsing` (tyro
-with one-line errors), `config_file` (`--config FILE`), `noise` (library noise at the entry point).
+with one-line errors, in the user's words), `config_file` (`--config FILE`), `paths` (the paths
+a command line names, checked before they are read or written), `noise` (library noise at the
+entry point).
 """
 
 from ppo_async.cli.config_file import nest_dotted_keys
