@@ -30,6 +30,8 @@ from ppo_async.config.checks import (
     failure_of,
     stop_if_failed,
 )
+from ppo_async.config.explicit import apply_env_defaults, as_given, given_fields, preset_fields, record_given
+from ppo_async.config.preset_table import env_defaults
 from ppo_async.config.resources import budget_blame, check_sizes
 from ppo_async.envs.registry import (
     BRAX_BACKENDS,
@@ -96,6 +98,7 @@ def env_check_deferred() -> Iterator[None]:
 HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "eval_every",
                     "eval_episodes", "log_every", "overwrite")
 
+@record_given
 @dataclass(frozen=True)
 class RolloutConfig:
     """How samples are produced: the vectorised envs and the trajectory shape."""
@@ -132,6 +135,7 @@ class RolloutConfig:
             _inert("rollout.stats_update", self.stats_update,
                    "nothing is normalised (rollout.normalize_obs and rollout.normalize_reward are False)")
 
+@record_given
 @dataclass(frozen=True)
 class PPOConfig:
     """The PPO update: optimisation, advantage estimation and the clipped objectives."""
@@ -214,6 +218,7 @@ class PPOConfig:
             if not (isinstance(self.prox_ewma, (int, float)) and 0.0 <= self.prox_ewma < 1.0):
                 _fail("ppo.prox_ewma", self.prox_ewma, "must be None or a decay in [0, 1)")
 
+@record_given
 @dataclass(frozen=True)
 class NetworkConfig:
     """Actor-critic architecture."""
@@ -251,6 +256,7 @@ class NetworkConfig:
         ):
             _fail("network.init_log_std", self.init_log_std, "must lie in [-20, 2]")
 
+@record_given
 @dataclass(frozen=True)
 class LagConfig:
     """Policy lag: the emulated lag schedule (simulated mode) and the stale-sample filter (every mode).
@@ -329,6 +335,7 @@ DEFAULT_BUFFER_CHUNKS = 4
 
 DEFAULT_KL_WINDOW = 8  # learner iterations per KL-controller decision (threaded.kl_window = None)
 
+@record_given
 @dataclass(frozen=True)
 class ThreadedConfig:
     """Threaded mode: real sampler threads, a device ring buffer and a learner (lag emerges from timing)."""
@@ -422,6 +429,7 @@ class ThreadedConfig:
             return self.chunks_per_batch
         return self.num_samplers if self.barrier else 1
 
+@record_given
 @dataclass(frozen=True)
 class EnvOptions:
     """Options of the physics-simulator env families (brax/*, playground/*); for gymnax and
@@ -439,6 +447,7 @@ class EnvOptions:
         if self.episode_length is not None:
             _check_int("env_options.episode_length", self.episode_length, 1)
 
+@record_given
 @dataclass(frozen=True)
 class DistributedConfig:
     """Several processes (jax.distributed, threaded mode): every process runs the same command with
@@ -507,6 +516,7 @@ def check_env_options(config: "Config") -> None:
     if opts.backend is not None and opts.backend not in allowed:
         _fail("env_options.backend", opts.backend, f"must be one of {allowed} for {family} envs (or None)")
 
+@record_given
 @dataclass(frozen=True)
 class Config:
     """One training run: which env, which execution mode, how long, and every section."""
@@ -550,6 +560,8 @@ class Config:
             self._check_fields()
 
     def _check_fields(self) -> None:
+        if isinstance(self.env, str):  # (a wrong type is check_field_types' to report)
+            apply_env_defaults(self, env_defaults(self.env))  # the env's preset under what the caller set
         check_field_types(self)
         _check_int("seed", self.seed, 0)
         _check_int("num_seeds", self.num_seeds, 1)
@@ -681,9 +693,22 @@ class Config:
         """Gradient steps per learner iteration (num_epochs * num_minibatches)."""
         return self.ppo.num_epochs * self.ppo.num_minibatches
 
+    @property
+    def preset_fields(self) -> tuple[str, ...]:
+        """The dotted fields the env's preset filled because this config's caller did not set
+        them (`ppo_async.config.explicit`); () when every field was given."""
+        return preset_fields(self)
+
     def replace(self, **changes: Any) -> "Config":
-        """A copy with top-level fields replaced (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with top-level fields replaced (validated again). Replacing `env` rebuilds the
+        config from what its caller set, so the new env's preset fills the rest (not the old
+        env's values)."""
+        if "env" in changes and changes["env"] != self.env and self.preset_fields:
+            return Config(**{**as_given(self), **changes})
+        new = dataclasses.replace(self, **changes)
+        object.__setattr__(new, "_given_fields", given_fields(self) | frozenset(changes))
+        object.__setattr__(new, "_preset_fields", tuple(p for p in self.preset_fields if p.partition(".")[0] not in changes))
+        return new
 
 # Lag-schedule fields (all of LagConfig but the stale filter) act only in simulated mode; within
 # it, each schedule reads only its own fields. lag.num_samplers acts in every schedule.
