@@ -32,6 +32,7 @@ from ppo_async.run.recorder import RunRecorder
 from ppo_async.run.result import TrainResult
 from ppo_async.core.rollout import RolloutContext, rollout
 from ppo_async.core.types import EnvState, PolicySnapshot, RolloutStats, TrainState
+from ppo_async.runtime.xla_flags import program_compiler_options
 
 
 def rollout_metrics(stats: RolloutStats) -> dict[str, chex.Array]:
@@ -170,7 +171,8 @@ def run_jitted(
     if resume:
         states = recorder.resume_from(states)
     if compiled is None:
-        compiled = jax.jit(program.step, donate_argnums=(0,)).lower(states, *program.args).compile()
+        compiled = jax.jit(program.step, donate_argnums=(0,)).lower(states, *program.args).compile(
+            compiler_options=program_compiler_options())
         _JITTED[key] = (init, compiled)
         while len(_JITTED) > _JITTED_KEPT:
             _JITTED.popitem(last=False)

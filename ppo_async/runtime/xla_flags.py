@@ -4,8 +4,10 @@ On this project's 2-core CPU machines with jax 0.10.2, a jitted PPO program occa
 hangs inside XLA with every thread idle (the host blocks forever in `device_get`). We saw it
 with our own code: a sync run (CartPole, 60k steps) inside the test suite and a
 `sweep(strategy="loop")` run, each stuck for minutes at ~0% CPU. Disabling XLA:CPU's
-concurrency-optimised scheduler is the known workaround. Call `apply_cpu_workarounds()`
-before JAX initialises its backend (before the first computation).
+concurrency-optimised scheduler is the known workaround. The library passes it to every
+training program it compiles (`program_compiler_options`), so a Python or notebook user need
+not do anything; entry points also call `apply_cpu_workarounds()` before JAX initialises its
+backend (before the first computation), which sets it for every program of the process.
 
 `enable_compilation_cache()` turns on JAX's persistent compilation cache, so that a second
 process compiling the same programs (same config shapes, jax version and XLA flags) loads
@@ -19,6 +21,19 @@ from __future__ import annotations
 import os
 
 CPU_XLA_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
+CPU_COMPILER_OPTIONS = {"xla_cpu_enable_concurrency_optimized_scheduler": False}
+"""The same workaround as a per-program compiler option (`program_compiler_options`): the library
+passes it to the programs it compiles itself, so a run started from Python or a notebook needs no
+call before JAX starts (and no global flag is set at import)."""
+
+
+def program_compiler_options() -> dict[str, bool] | None:
+    """`CPU_COMPILER_OPTIONS` where JAX's default backend is the CPU (the hang is XLA:CPU's),
+    None elsewhere: pass it as `jax.jit(..., compiler_options=...)` or `.compile(compiler_options=...)`
+    to a training program."""
+    import jax
+
+    return dict(CPU_COMPILER_OPTIONS) if jax.default_backend() == "cpu" else None
 
 COMPILATION_CACHE_ENV = "PPO_ASYNC_COMPILATION_CACHE"
 _CACHE_OFF_VALUES = ("", "0", "off", "false", "no")

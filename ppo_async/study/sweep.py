@@ -57,6 +57,7 @@ from ppo_async.modes.common import over_seeds, run_iterations
 from ppo_async.modes.simulated import make_simulated_program, schedule_arrays
 from ppo_async.modes.threaded import lag_buckets_of, program_key, resolve_placement, run_threaded
 from ppo_async.run.recorder import RunRecorder
+from ppo_async.runtime.xla_flags import program_compiler_options
 
 STRATEGIES = ("auto", "vmap", "loop")
 
@@ -303,7 +304,7 @@ def _run_group_vmap(points: list, members: list[int], seed_list: list[int], tota
     states = group.init(jnp.stack([jax.random.PRNGKey(s) for s in seed_list]))
     states = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(members),) + x.shape), states)
     step = jax.jit(jax.vmap(group.seed_step, in_axes=(0, 0, 0)), donate_argnums=(0,))
-    compiled = step.lower(states, *args).compile()
+    compiled = step.lower(states, *args).compile(compiler_options=program_compiler_options())
     totals.compile_seconds += time.perf_counter() - t0
     labels = [label for m in members for label in _labels(points, m, seed_list)]
     _run(group.configs[0], labels, compiled, states, args, totals, False, leading_axes=2)
@@ -318,7 +319,8 @@ def _run_group_loop(points: list, members: list[int], seed_list: list[int], tota
     group = _group_program(points, members, len(seed_list), totals)
     keys = jnp.stack([jax.random.PRNGKey(s) for s in seed_list])
     step = jax.jit(group.seed_step, donate_argnums=(0,))
-    compiled = step.lower(group.init(keys), group.hparams[0], group.schedules[0]).compile()
+    compiled = step.lower(group.init(keys), group.hparams[0], group.schedules[0]).compile(
+        compiler_options=program_compiler_options())
     totals.compile_seconds += time.perf_counter() - t0
     for c, cfg in enumerate(group.configs):
         args = (group.hparams[c], group.schedules[c])

@@ -28,6 +28,7 @@ from ppo_async.runtime import distributed
 from ppo_async.runtime.buffer import RingBuffer
 from ppo_async.runtime.param_store import ParamStore
 from ppo_async.runtime.placement import LEARNER_AXIS, LearnerPlacement, Placement, learner_placement, resolve_placement
+from ppo_async.runtime.xla_flags import program_compiler_options
 
 
 class ThreadedCheckpoint(NamedTuple):
@@ -69,7 +70,7 @@ def make_learner_update(config: Config, placement: Placement, lag_buckets: int) 
         state, metrics = built.update(state, trajectory, key, hparams)
         return state, {**metrics, **rollout_metrics(trajectory.stats)}
 
-    return built._replace(update=jax.jit(update))
+    return built._replace(update=jax.jit(update, compiler_options=program_compiler_options()))
 
 
 def lag_buckets_of(config: Config) -> int:
