@@ -168,23 +168,16 @@ def prepare(args: Sequence[str], join: bool = False) -> tuple[list[str], TrainCo
 def check_resume_config(run_dir: str, config: Config) -> None:
     """ConfigError (one line) when RUN_DIR/config.json no longer matches the config its latest
     checkpoint was written with (up to the fields a resumed run may change): the fields that
-    differ, before a restore would report the mismatch leaf by leaf. No checkpoint: nothing to
-    compare (the run reports it as it starts)."""
+    differ, before a restore would report the mismatch leaf by leaf (`pa.resume` checks the
+    same, `recorder.check_resume_config`). No checkpoint: nothing to compare (the run reports
+    it as it starts)."""
     from ppo_async.run import rundir
-    from ppo_async.run.checkpoint import Checkpointer
-    from ppo_async.run.recorder import RESUME_FREE_FIELDS
+    from ppo_async.run.recorder import check_resume_config as check
 
-    ckpt_dir = rundir.checkpoint_dir(run_dir)
-    if not os.path.isdir(ckpt_dir):
-        return
-    with Checkpointer(ckpt_dir, max_to_keep=config.keep_checkpoints) as ckpt:
-        if ckpt.latest_step() is None:
-            return
-        meta = ckpt.metadata()
     try:
-        rundir.check_config_matches(config, meta, RESUME_FREE_FIELDS)
+        check(config, source=os.path.join(run_dir, rundir.CONFIG_FILE))
     except ConfigError as exc:
-        raise Explained(f"{os.path.join(run_dir, rundir.CONFIG_FILE)}: {exc}; restore it, or train a new run") from None
+        raise Explained(str(exc)) from None
 
 
 def train_fields() -> list[str]:

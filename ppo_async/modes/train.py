@@ -16,12 +16,12 @@ from ppo_async.config import Config, ConfigError, check_config_type
 from ppo_async.config.resources import check_fits_machine
 from ppo_async.runtime.distributed import initialize, is_multi_process, process_log_path
 from ppo_async.run.policy import Policy, check_seed_index
-from ppo_async.run.recorder import RunRecorder, import_wandb
+from ppo_async.run.recorder import RunRecorder, check_resume_config, import_wandb
 from ppo_async.modes.common import seed_labels
 from ppo_async.modes.registry import Mode, get_mode
 from ppo_async.run.checkpoint import Checkpointer
 from ppo_async.run.result import TrainResult
-from ppo_async.run.rundir import check_can_start, checkpoint_dir, read_run_config, restore_checkpoint
+from ppo_async.run.rundir import CONFIG_FILE, check_can_start, checkpoint_dir, read_run_config, restore_checkpoint
 
 
 def train(
@@ -64,6 +64,8 @@ def train(
     process = config.distributed.process_id or 0
     if process == 0:
         check_can_start(config, resume)  # before anything is compiled
+        if resume:
+            check_resume_config(config)  # every differing field by name, before a restore
         import_wandb(config)  # likewise: a missing optional package is reported at once
     labels = seed_labels(config)
     log = process_log_path(config.run_dir, process) if is_multi_process(config) and config.run_dir else None
@@ -106,7 +108,8 @@ def resume(
 ) -> TrainResult:
     """Continues the run in `run_dir` (its config.json) from its latest complete checkpoint.
 
-    A complete run raises ConfigError saying so. `total_env_steps` larger than the run's
+    A complete run raises ConfigError saying so; so does a config.json that no longer matches
+    the checkpoint's config (one line naming each field that differs, nothing restored). `total_env_steps` larger than the run's
     extends it: the new total is written to config.json and the run continues from its last
     checkpoint to the new end. Extensions are deterministic in sync / simulated mode (the same
     extension twice gives the same rows). With `ppo.anneal_lr` the learning rate is annealed
@@ -115,6 +118,7 @@ def resume(
     schedule had brought it (near 0 at the end of a finished run).
     """
     config = read_run_config(run_dir)
+    check_resume_config(config, source=os.path.join(run_dir, CONFIG_FILE))  # one line naming the fields
     if total_env_steps is not None:
         config = config.replace(total_env_steps=total_env_steps)
     return train(config, progress=progress, on_iteration=on_iteration, resume=True)

@@ -50,6 +50,36 @@ ACCOUNTING_FIELDS = ("samples_produced", "samples_consumed", "samples_dropped", 
 RESUME_FREE_FIELDS = ("run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "overwrite", "total_env_steps")
 
 
+def latest_checkpoint_meta(run_dir: str, keep: int) -> dict[str, Any] | None:
+    """The metadata of the latest complete checkpoint of `run_dir` (no array is read), or None
+    when it has no checkpoint."""
+    ckpt_dir = rundir.checkpoint_dir(run_dir)
+    if not os.path.isdir(ckpt_dir):
+        return None
+    with Checkpointer(ckpt_dir, max_to_keep=keep) as ckpt:
+        return None if ckpt.latest_step() is None else ckpt.metadata()
+
+
+def check_resume_config(config: Config, source: str | None = None) -> None:
+    """ConfigError (one line) naming every field where `config` differs from the config the
+    latest checkpoint of `config.run_dir` was written with (but `RESUME_FREE_FIELDS`), before
+    anything is restored: restoring into another env's state would report the mismatch leaf
+    by leaf. `source` (e.g. RUN_DIR/config.json, where `config` was read) starts the message
+    and it then says to restore that file. No run directory or no checkpoint: nothing to
+    compare (resuming reports that itself)."""
+    if config.run_dir is None:
+        return
+    meta = latest_checkpoint_meta(config.run_dir, config.keep_checkpoints)
+    if meta is None:
+        return
+    try:
+        rundir.check_config_matches(config, meta, RESUME_FREE_FIELDS)
+    except ConfigError as exc:
+        if source is None:
+            raise
+        raise ConfigError(f"{source}: {exc}; restore it, or train a new run") from None
+
+
 def describe(label: Mapping[str, Any]) -> str:
     """`{"seed": 1, "config_id": 2}` -> "seed 1, config_id 2"."""
     return ", ".join(f"{k} {v}" for k, v in label.items())
@@ -202,13 +232,15 @@ class RunRecorder:
     def resume_from(self, state_like: Any, check: Callable[[dict[str, Any]], None] | None = None) -> Any:
         """Restores the latest checkpoint of `config.run_dir` into `state_like`'s structure.
 
-        Checks that the config matches the checkpoint's (up to `RESUME_FREE_FIELDS`) and, with
+        Checks that the config matches the checkpoint's (up to `RESUME_FREE_FIELDS`; before
+        restoring, `check_resume_config`) and, with
         `check`, the mode's own test of the metadata (it raises to refuse); then cuts
         metrics.jsonl back to the checkpoint's iteration and remembers its counters; returns
         the restored state. Call before opening the recorder.
         """
         if not self.run_dir:
             raise ConfigError("resume=True needs config.run_dir (the run to continue)")
+        check_resume_config(self.config)  # the fields by name, before a restore reports leaves
         state, meta = rundir.restore_checkpoint(self.run_dir, state_like, self.config.keep_checkpoints)
         rundir.check_config_matches(self.config, meta, RESUME_FREE_FIELDS)
         if check is not None:
