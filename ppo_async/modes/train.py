@@ -109,9 +109,9 @@ def resume(
     """Continues the run in `run_dir` (its config.json) from its latest complete checkpoint.
 
     A complete run raises ConfigError saying so; so does a config.json that no longer matches
-    the checkpoint's config (one line naming each field that differs, nothing restored). `total_env_steps` larger than the run's
-    extends it: the new total is written to config.json and the run continues from its last
-    checkpoint to the new end. Extensions are deterministic in sync / simulated mode (the same
+    the checkpoint's config (one line naming each field that differs; nothing is restored).
+    `total_env_steps` larger than the run's extends it: the new total is written to
+    config.json and the run continues from its last checkpoint to the new end. Extensions are deterministic in sync / simulated mode (the same
     extension twice gives the same rows). With `ppo.anneal_lr` the learning rate is annealed
     to 0 over the *new* total, so from the resumed iteration on it follows
     `lr * (1 - iteration / new_num_iterations)`: it steps back up from where the original
