@@ -18,19 +18,24 @@ from ppo_async.runtime.xla_flags import apply_cpu_workarounds  # noqa: E402  (im
 # Tests compare runs of the same process or of subprocesses that inherit these flags, never
 # against numbers from optimised code. But without fusion emitters XLA may round one value
 # differently where two programs (or two fusions of one) compute it: the tests marked
-# `exact_xla`, which compare such values bit for bit, run in a child pytest under XLA's default
-# code generation (see `pytest_runtest_protocol` below).
+# `exact_xla`, which compare such values bit for bit, run in a second pytest invocation,
+# `EXACT_XLA_COMMAND`, under XLA's default code generation (PPO_ASYNC_TEST_EXACT_XLA=1: these
+# flags are left off); the main run skips them, naming that command (`exact_xla_skip_reason`).
 # XLA aborts the process on a flag it does not know, so FAST_COMPILE_FLAGS are only set on the
 # jaxlib minor version they were measured on. Set before JAX starts; subprocesses inherit
 # os.environ.
 from importlib.metadata import version as _version  # noqa: E402
 
-EXACT_XLA_ENV = "PPO_ASYNC_TEST_EXACT_XLA"  # set in the child: the JSON-lines file its reports go to
+EXACT_XLA_ENV = "PPO_ASYNC_TEST_EXACT_XLA"  # "1": this pytest runs the exact_xla tests, fast flags off
+EXACT_XLA_COMMAND = f"{EXACT_XLA_ENV}=1 python -m pytest -q -m exact_xla"  # README's test command ends with it
+EXACT_XLA_RUN = os.environ.get(EXACT_XLA_ENV) == "1"
 FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_llvm_disable_expensive_passes=true")
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
-if _version("jaxlib").split(".")[:2] == ["0", "10"] and not os.environ.get(EXACT_XLA_ENV):
+if _version("jaxlib").split(".")[:2] == ["0", "10"] and not EXACT_XLA_RUN:
     TEST_XLA_FLAGS += FAST_COMPILE_FLAGS
 _flags = os.environ.get("XLA_FLAGS", "").split()
+if EXACT_XLA_RUN:  # default code generation, whatever the caller's XLA_FLAGS asked
+    _flags = [f for f in _flags if f not in FAST_COMPILE_FLAGS]
 os.environ["XLA_FLAGS"] = " ".join(_flags + [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in {g.split("=")[0] for g in _flags}])
 apply_cpu_workarounds()
 # The persistent compilation cache, in a directory of this test run (never the user's):
@@ -169,13 +174,26 @@ def cli_main(capsys):
     return call
 
 
+def exact_xla_skip_reason(marked: bool, exact_run: bool = EXACT_XLA_RUN) -> str | None:
+    """Why a test is skipped in this pytest, or None when it runs here: an `exact_xla` test runs
+    only in the second invocation (`EXACT_XLA_COMMAND`), every other test in both (the second
+    selects only exact_xla ones with `-m`). So each exact_xla test runs in exactly one of the two."""
+    if not marked or exact_run:
+        return None
+    return (f"exact_xla: compares compiled programs bit for bit, so it runs under XLA's default code generation "
+            f"in the second invocation: {EXACT_XLA_COMMAND}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup hook reads the marks
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist `--dist loadgroup`, the tests of a module that share one of its own
+    """Skips the `exact_xla` tests outside their own invocation (`exact_xla_skip_reason`). Under
+    pytest-xdist `--dist loadgroup`, the tests of a module that share one of its own
     module-scoped fixtures (a trained run, a subprocess) go to one worker, so the fixture is
-    built once, not once per worker; so do its `exact_xla` tests (one child pytest); every
-    other test is distributed on its own."""
+    built once, not once per worker; every other test is distributed on its own."""
     for item in items:
+        reason = exact_xla_skip_reason(item.get_closest_marker("exact_xla") is not None)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
         info = getattr(item, "_fixtureinfo", None)
         module = getattr(item, "module", None)
         if info is None or module is None:
@@ -186,7 +204,7 @@ def pytest_collection_modifyitems(config, items):
             for d in info.name2fixturedefs.get(name, ())
             if d.scope == "module" and d.baseid == module_id
         ]
-        if shared or _is_exact(item):  # a module's exact_xla tests share one child pytest
+        if shared:
             item.add_marker(pytest.mark.xdist_group(module.__name__))
     # The longest modules first: xdist hands out work in this order, so the last minute holds
     # short tests that even out the two workers, not one 50 s test with the other worker idle.
@@ -199,76 +217,3 @@ LONGEST_FIRST = [f"tests/{name}.py" for name in (
     "test_env_families", "test_distributed", "test_notebooks", "test_simulated", "test_resume", "test_data_parallel",
     "test_sync", "test_knobs", "test_threaded", "test_cli_tools",
 )]
-
-
-# --------------------------------------------------------------------------------------
-# `exact_xla` tests: run in a child pytest under XLA's default code generation
-# --------------------------------------------------------------------------------------
-
-_EXACT_RESULTS: dict[str, list[dict]] = {}  # node id -> its reports (setup / call / teardown), per module run
-
-
-def _is_exact(item) -> bool:
-    return item.get_closest_marker("exact_xla") is not None and not os.environ.get(EXACT_XLA_ENV)
-
-
-def _run_exact_module(item, tmp_dir: str) -> None:
-    """Runs every `exact_xla` test of `item`'s module in one child pytest (one JAX start, its
-    module fixtures built once) without FAST_COMPILE_FLAGS; stores each test's reports."""
-    import json
-    import tempfile
-
-    module_id = item.nodeid.split("::")[0]
-    nodeids = [i.nodeid for i in item.session.items if i.nodeid.split("::")[0] == module_id and _is_exact(i)]
-    plain = {n.split("@")[0]: n for n in nodeids}  # xdist's loadgroup appends "@group" to node ids
-    fd, results = tempfile.mkstemp(suffix=".jsonl", dir=tmp_dir)
-    os.close(fd)
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE_FLAGS]
-    env = dict(os.environ, XLA_FLAGS=" ".join(flags), **{EXACT_XLA_ENV: results})
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *plain],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
-    with open(results) as f:
-        reports = [json.loads(line) for line in f if line.strip()]
-    os.unlink(results)
-    for nodeid in nodeids:
-        mine = [dict(r, nodeid=nodeid) for r in reports if plain.get(r["nodeid"]) == nodeid]
-        if not mine:  # the child died or never ran it: that is this test's failure
-            mine = [{"nodeid": nodeid, "when": "call", "outcome": "failed", "duration": 0.0,
-                     "longrepr": f"child pytest (exit {proc.returncode}) reported nothing for {nodeid}:\n"
-                                 f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"}]
-        _EXACT_RESULTS[nodeid] = mine
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item, nextitem):
-    """In the parent, an `exact_xla` test is not run here: its module's exact tests run once in a
-    child pytest and each test's child reports are logged as its own."""
-    if not _is_exact(item):
-        return None
-    from _pytest.reports import TestReport
-
-    if item.nodeid not in _EXACT_RESULTS:
-        _run_exact_module(item, str(item.config._tmp_path_factory.getbasetemp()))
-    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    for r in _EXACT_RESULTS.pop(item.nodeid):
-        report = TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, r["outcome"],
-                            r["longrepr"] if r["outcome"] != "skipped" else ("", 0, r["longrepr"]), r["when"],
-                            duration=r["duration"])
-        item.ihook.pytest_runtest_logreport(report=report)
-    # what the skipped teardown would do: leave set up only what the next test needs
-    item.session._setupstate.teardown_exact(nextitem)
-    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-    return True
-
-
-def pytest_runtest_logreport(report):
-    """In the child, every report goes to the parent's JSON-lines file."""
-    path = os.environ.get(EXACT_XLA_ENV)
-    if not path:
-        return
-    import json
-
-    longrepr = None if report.passed else (report.longreprtext or str(report.longrepr))
-    with open(path, "a") as f:
-        f.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-                            "duration": report.duration, "longrepr": longrepr}) + "\n")
