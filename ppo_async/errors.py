@@ -2,8 +2,11 @@
 
 `ConfigError` is a bad input named by its field; `DataFileError` (a `ConfigError`) a data file
 that cannot be read, named with its 1-based line; `DistributedFailure` is another process of a
-multi-process run failing. `ConfigError` and `DistributedFailure` are re-exported by
-`ppo_async.config` and `ppo_async`.
+multi-process run failing. All three are public (`pa.ConfigError`, `pa.DataFileError`,
+`pa.DistributedFailure`); `ConfigError` and `DistributedFailure` are also re-exported by
+`ppo_async.config`. The errors of a run live where they are raised and are public too:
+`pa.NonFiniteError` (report.metrics), `pa.CheckpointError` (run.checkpoint) and
+`pa.StalledThread` (modes.threaded.liveness, a `TimeoutError`).
 """
 
 from __future__ import annotations

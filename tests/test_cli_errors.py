@@ -219,3 +219,36 @@ def test_a_refused_output_directory_leaves_nothing_behind(tmp_path):
     assert not (tmp_path / "new").exists()
     with pytest.raises(pa.ConfigError, match=r"^--out = .* is invalid: it is a file"):
         check_output_dir("--out", _write(tmp_path / "a_file", "x"))
+
+
+# ------------------------------------------------------------------ run failures: one line too
+
+
+def test_a_stalled_thread_ends_the_command_with_one_error_line(monkeypatch, tmp_path):
+    """A threaded run stopped by the liveness watch (tests/test_liveness.py makes real ones)
+    ends `train` with exit status 5 and one `error:` line, like NaN/inf (3), not a traceback."""
+    import ppo_async.modes.train as train_module
+    from ppo_async.cli.dispatch import STALLED_STATUS
+
+    message = "thread sampler-1 is stuck: no progress for 30.1s in rollout"
+
+    def stalled(*args, **kwargs):
+        raise pa.StalledThread(message)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train_module, "RunRecorder", stalled)
+    status, output = run_cli(["train", "--mode", "threaded", "--total-env-steps", "2048", "--quiet"])
+    assert status == STALLED_STATUS == 5, output
+    assert output.strip() == f"error: {message}", output
+
+
+def test_the_errors_of_a_run_are_public():
+    from ppo_async.modes.threaded.liveness import StalledThread
+    from ppo_async.run.checkpoint import CheckpointError
+
+    assert pa.StalledThread is StalledThread and issubclass(pa.StalledThread, TimeoutError)
+    assert pa.DataFileError is DataFileError and issubclass(pa.DataFileError, pa.ConfigError)
+    assert pa.CheckpointError is CheckpointError
+    assert {"StalledThread", "DataFileError", "DistributedFailure", "CheckpointError"} <= set(pa.__all__)
+    for name in pa.__all__:  # every public name resolves
+        assert getattr(pa, name) is not None, name

@@ -48,7 +48,8 @@ COMMANDS: dict[str, type] = {
 DESCRIPTION = (
     "Asynchronous PPO in JAX. `python -m ppo_async COMMAND --help` describes each command's options. Exit "
     "status: 0 done; 2 a user error (one line on stderr); 3 NaN/inf in training; 4 another process of a "
-    "multi-process run failed or died; 130 interrupted."
+    "multi-process run failed or died; 5 a thread of a threaded run stalled (stuck, dead, or all waiting on each "
+    "other: threaded.timeout_s); 130 interrupted."
 )
 
 
@@ -104,7 +105,7 @@ def cli_fields() -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m ppo_async`; returns the exit status (2: user error, one line
     on stderr; 3: NaN/inf in training; 4: another process of a multi-process run failed or
-    died; 130: interrupted). `--help` returns 0."""
+    died; 5: a thread of a threaded run stalled, one line; 130: interrupted). `--help` returns 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_library_noise()
     try:
@@ -117,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _finish_processes(130, "interrupted")
     except BaseException as exc:
         status = _status_of(exc)
-        if status is not None:  # a user error (2) or NaN/inf (3): one line
+        if status is not None:  # a user error (2), NaN/inf (3) or a stalled thread (5): one line
             message = in_their_words(exc, cli_fields()) if status == 2 else str(exc)
             print(f"error: {message}", file=sys.stderr)
             return _finish_processes(status, str(exc))
@@ -127,10 +128,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
 
 
+STALLED_STATUS = 5
+"""The exit status of a threaded run stopped by `StalledThread` (a thread stuck, dead, or all
+of them waiting on each other for `threaded.timeout_s`)."""
+
+
 def _status_of(exc: BaseException) -> int | None:
     """The exit status of an error that ends a command with one line (2: a `ConfigError` or a
-    `CheckpointError`; 3: a `NonFiniteError`), None for any other. The modules defining the
-    last two are looked up where already imported: until they are, they cannot have raised."""
+    `CheckpointError`; 3: a `NonFiniteError`; 5: a `StalledThread`), None for any other. The
+    modules defining the last three are looked up where already imported: until they are,
+    they cannot have raised."""
     if isinstance(exc, ConfigError):
         return 2
     checkpoint = sys.modules.get("ppo_async.run.checkpoint")
@@ -139,6 +146,9 @@ def _status_of(exc: BaseException) -> int | None:
     metrics = sys.modules.get("ppo_async.report.metrics")
     if metrics is not None and isinstance(exc, metrics.NonFiniteError):
         return 3
+    liveness = sys.modules.get("ppo_async.modes.threaded.liveness")
+    if liveness is not None and isinstance(exc, liveness.StalledThread):
+        return STALLED_STATUS
     return None
 
 

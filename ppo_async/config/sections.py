@@ -355,7 +355,7 @@ class ThreadedConfig:
     latency_jitter: float = 0.0
     """Relative jitter of the latency, uniform in [1 - j, 1 + j]."""
     timeout_s: float = 30.0
-    """Longest wait of any blocking call before the run fails with a clear error."""
+    """Seconds a thread may make no progress in its own work, or all threads may wait on each other, before the run fails with `StalledThread` (one line naming the thread; exit status 5 from the CLI). A slow thread that keeps stepping never fails the run, however long its rollouts take."""
     barrier: bool = False
     """Barrier baseline (synchronous distributed PPO): each learner batch holds one rollout from every sampler, all made with the latest params (lag 0); samplers wait for each new version."""
     chunks_per_batch: int | None = None
