@@ -235,3 +235,33 @@ def test_pointer_check_catches_a_dangling_one():
 
 def test_docs_pages_exist_for_the_pointers():
     assert glob.glob(os.path.join(ROOT, "docs", "how-to", "*.md"))
+
+
+def _package_texts() -> list[tuple[str, str]]:
+    """(where, text) of every docstring and string constant in ppo_async's source that names
+    README or a docs/ page (read with ast: nothing is imported), e.g. a module docstring or a
+    benchmark suite's description."""
+    import ast
+
+    texts = []
+    for root, _, files in os.walk(os.path.join(ROOT, "ppo_async")):
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(root, name)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            where = os.path.relpath(path, ROOT)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(r"README|docs/", node.value):
+                    texts.append((f"{where}:{node.lineno}", node.value))
+    return texts
+
+
+def test_every_pointer_in_the_package_source_resolves():
+    """Docstrings and texts outside the help (launch's module docstring, the plots module's,
+    a suite's description) point somewhere too."""
+    texts = _package_texts()
+    assert any("launch.py" in where for where, _ in texts) and any("suites.py" in where for where, _ in texts)
+    problems = [p for where, text in texts for p in pointer_problems(where, text)]
+    assert not problems, "\n".join(problems)

@@ -1,4 +1,4 @@
-"""Plots of metrics DataFrames (rows as in README "Metrics"; side effect: optional PNG files):
+"""Plots of metrics DataFrames (rows as in docs/reference/metrics.md; side effect: optional PNG files):
 the one place to import them from (`from ppo_async.report import plots; plots.learning_curve(...)`).
 
 Every function takes a pandas DataFrame of metrics rows (one row per seed x learner

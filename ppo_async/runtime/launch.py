@@ -8,7 +8,7 @@ the processes' Gloo connection lines fold into one `launch: N processes connecte
 the other processes' end lines (`peer_done_line`) into one summary when all are done
 (`OutputFolder`). When one process fails, the others get `heartbeat + 10 s` to stop on
 their own (they name the failed process) and are then killed, so nothing hangs. On several
-hosts the same `train` command runs on each with the `--distributed.*` flags (README).
+hosts the same `train` command runs on each with the `--distributed.*` flags (docs/how-to/distributed.md#on-several-hosts-slurm).
 """
 
 from __future__ import annotations

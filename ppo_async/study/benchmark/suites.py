@@ -56,7 +56,8 @@ SUITES: dict[str, Suite] = {
     ),
     "dmc": Suite(("playground/CartpoleBalance", "playground/CartpoleSwingup", "playground/CheetahRun"),
                  1_000_000, 100_000, "DM Control tasks on MuJoCo Playground (JAX physics); CartpoleBalance and "
-                 "CheetahRun are measured to learn on a 2-core CPU (README), CartpoleSwingup is the same model"),
+                 "CheetahRun are measured to learn on a 2-core CPU (docs/results/learning_curves.md), "
+                 "CartpoleSwingup is the same model"),
     "classic": Suite(("Pendulum-v1", "CartPole-v1", "Acrobot-v1"), 300_000, 30_000,
                      "gymnax classic control: small budgets, every mode"),
 }
