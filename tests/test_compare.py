@@ -84,9 +84,37 @@ def test_compare_defaults_labels_and_out_dir(two_runs, capsys, tmp_path, monkeyp
     rows = table_rows(capsys.readouterr().out)
     assert set(rows) == {"header", "base", "lag2"}  # the directories' names
     assert "steps_to_threshold_median" not in rows["header"]  # no --threshold
-    (out,) = (tmp_path / "compare").iterdir()  # compare/<timestamp> in the working directory, outside the runs'
+    (out,) = (tmp_path / "runs" / "compare").iterdir()  # runs/compare/<timestamp> in the working directory
     assert sorted(os.listdir(out)) == sorted([*plots.COMPARE_FILES, "summary.csv"])
-    assert not (base.parent / "compare").exists()  # so `compare RUNS/*` names only runs after a first compare
+    assert not (base.parent / "compare").exists()  # nothing written beside the runs given
+
+
+def test_default_outputs_go_under_runs_and_a_glob_of_runs_still_names_runs(two_runs, tmp_path, monkeypatch, capsys):
+    """plot and compare write runs/plots/<timestamp> and runs/compare/<timestamp> (every command's
+    default output is under runs/); `compare runs/*` afterwards leaves those folders out, with a
+    note, and reads the runs; a non-run folder given on its own is still an error."""
+    import shutil
+
+    base, lag2 = two_runs
+    monkeypatch.chdir(tmp_path)
+    for run in (base, lag2):
+        shutil.copytree(run, tmp_path / "runs" / run.name)
+    assert main(["compare", "runs/base", "runs/lag2"]) == 0
+    assert main(["plot", "runs/base", "runs/lag2"]) == 0
+    (compared,) = (tmp_path / "runs" / "compare").iterdir()
+    (plotted,) = (tmp_path / "runs" / "plots").iterdir()
+    assert (compared / "summary.csv").is_file() and (plotted / "learning_curve_combined.png").is_file()
+    capsys.readouterr()
+    globbed = sorted(f"runs/{name}" for name in os.listdir(tmp_path / "runs"))  # what `compare runs/*` gives
+    assert globbed == ["runs/base", "runs/compare", "runs/lag2", "runs/plots"]
+    assert main(["compare", *globbed, "--out", "again"]) == 0
+    captured = capsys.readouterr()
+    assert set(table_rows(captured.out)) == {"header", "base", "lag2"}
+    assert "compare: left out runs/compare (another command's outputs, not a run)" in captured.err
+    assert "compare: left out runs/plots" in captured.err
+    assert main(["plot", *globbed, "--out", "figs"]) == 0 and (tmp_path / "figs" / "learning_curve_combined.png").is_file()
+    assert main(["compare", "runs/compare"]) == 2  # on its own: not a run directory
+    assert main(["compare", *globbed, "--labels", "a", "b", "c", "d"]) == 2  # --labels counts what is given
 
 
 def test_plot_labels_leave_the_runs_own_pngs(two_runs, tmp_path, capsys):

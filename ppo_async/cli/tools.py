@@ -6,12 +6,20 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import sys
 from typing import Annotated, Any, Sequence
 
 import tyro
 
-from ppo_async.cli.paths import check_output_dir, check_run_dir
+from ppo_async.cli.paths import METRICS_FILE, check_output_dir, check_run_dir
 from ppo_async.errors import ConfigError
+
+OUTPUT_ROOT = "runs"
+"""Where every command writes by default: train runs/<env>-<mode>-<timestamp>, tune
+runs/tune-<env>-<timestamp>, benchmark runs/benchmark, plot runs/plots/<timestamp>, compare
+runs/compare/<timestamp>, the experiments runs/experiments/<name>."""
+OUTPUT_FOLDERS = ("plots", "compare", "benchmark", "experiments")
+"""The folders under `OUTPUT_ROOT` that hold other commands' outputs, not runs (and tune-*)."""
 
 RunDirs = Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR", help_behavior_hint="(one or more)")]
 Labels = Annotated[tuple[str, ...] | None, tyro.conf.arg(metavar="A B ...", help_behavior_hint="(default: the directories' names)")]
@@ -34,6 +42,30 @@ def run_labels(run_dirs: Sequence[str], labels: Sequence[str] | None) -> list[st
         return list(labels)
     names = [_dir_name(d) for d in run_dirs]
     return [name if names.count(name) == 1 else run_dir for name, run_dir in zip(names, run_dirs)]
+
+
+def is_output_folder(path: str) -> bool:
+    """Whether `path` is a folder of another command's outputs, not a run: it holds no
+    metrics.jsonl and is named as one of `OUTPUT_FOLDERS` or tune-* (where plot, compare,
+    benchmark, the experiments and tune write by default)."""
+    name = os.path.basename(os.path.normpath(os.path.abspath(path)))
+    named = name in OUTPUT_FOLDERS or name.startswith("tune-")
+    return named and os.path.isdir(path) and not os.path.isfile(os.path.join(path, METRICS_FILE))
+
+
+def runs_to_read(run_dirs: Sequence[str], labels: Sequence[str] | None, command: str) -> list[str]:
+    """The RUN_DIRs `command` reads: with several and no --labels, those that are other
+    commands' output folders (`is_output_folder`) are left out, with a note on stderr, so
+    `compare runs/*` still names only the runs after a first `compare` wrote runs/compare/.
+    Every other RUN_DIR (and any with --labels, which counts them) is kept, to be checked as given."""
+    if len(run_dirs) < 2 or labels is not None:
+        return list(run_dirs)
+    kept = [d for d in run_dirs if not is_output_folder(d)]
+    if not kept:
+        return list(run_dirs)
+    for left_out in (d for d in run_dirs if d not in kept):
+        print(f"{command}: left out {left_out} (another command's outputs, not a run)", file=sys.stderr, flush=True)
+    return kept
 
 
 def _check_runs(run_dirs: Sequence[str], labels: Sequence[str] | None) -> None:
@@ -88,23 +120,24 @@ class PlotCommand:
     """The run directories (each holds metrics.jsonl)."""
     labels: Labels = None
     """One label per RUN_DIR, in order, for the legends; takes every value up to the next option."""
-    out: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: plots/<timestamp>, outside every RUN_DIR)")] = None
+    out: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: runs/plots/<timestamp>)")] = None
     """Where the combined learning curve of several runs, learning_curve_combined.png, goes; with --labels also each run's relabelled plots (OUT/<label>/), so the PNGs inside the run directories are left as the run wrote them."""
 
     def __post_init__(self) -> None:
         _check_runs(self.run_dirs, self.labels)
 
     def run(self) -> int:
-        for run_dir in self.run_dirs:
+        run_dirs = runs_to_read(self.run_dirs, self.labels, "plot")
+        for run_dir in run_dirs:
             check_run_dir(run_dir)
-        combined_or_relabelled = len(self.run_dirs) > 1 or self.labels is not None
+        combined_or_relabelled = len(run_dirs) > 1 or self.labels is not None
         out = (self.out or default_output_dir("plots")) if combined_or_relabelled else self.out
         if out is not None:
             check_output_dir("--out", out)
         if not self.labels:  # each run's own plots go into its directory
-            for run_dir in self.run_dirs:
+            for run_dir in run_dirs:
                 check_output_dir("RUN_DIR", run_dir)
-        for path in write_plots(self.run_dirs, out, self.labels):
+        for path in write_plots(run_dirs, out, self.labels):
             print(path)
         return 0
 
@@ -131,9 +164,9 @@ def write_plots(run_dirs: Sequence[str], out: str | None = None, labels: Sequenc
 
 
 def default_output_dir(command: str) -> str:
-    """`compare`'s and `plot`'s default --out: COMMAND/<timestamp> under the working directory,
-    outside the runs' directory, so `compare runs/*` still names only runs after a first compare."""
-    return os.path.join(command, datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    """`compare`'s and `plot`'s default --out: runs/COMMAND/<timestamp> under the working
+    directory, beside the runs (`compare runs/*` leaves runs/COMMAND out: `runs_to_read`)."""
+    return os.path.join(OUTPUT_ROOT, command, datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
 
 
 def default_compare_dir(run_dirs: Sequence[str]) -> str:
@@ -158,7 +191,7 @@ class CompareCommand:
     """The run directories (each holds metrics.jsonl)."""
     labels: Labels = None
     """One label per RUN_DIR, in order; takes every value up to the next option."""
-    out: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: compare/<timestamp>, outside every RUN_DIR)")] = None
+    out: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: runs/compare/<timestamp>)")] = None
     """Output directory."""
     threshold: Annotated[float | None, tyro.conf.arg(metavar="X", help_behavior_hint="(default: none)")] = None
     """Also report the median env steps to reach return X and how many seeds reach it ("k/n")."""
@@ -172,12 +205,13 @@ class CompareCommand:
         from ppo_async.report import plots
         from ppo_async.report.analysis import summarize
 
-        for run_dir in self.run_dirs:
+        run_dirs = runs_to_read(self.run_dirs, self.labels, "compare")
+        for run_dir in run_dirs:
             check_run_dir(run_dir)
-        out = self.out or default_compare_dir(self.run_dirs)
+        out = self.out or default_compare_dir(run_dirs)
         check_output_dir("--out", out)
         runs = {}
-        for run_dir, label in zip(self.run_dirs, run_labels(self.run_dirs, self.labels)):
+        for run_dir, label in zip(run_dirs, run_labels(run_dirs, self.labels)):
             runs[label] = plots.read_run_metrics(run_dir, "compare")  # a corrupt line: DataFileError
         written = plots.compare_runs(runs, out)
         table = pd.concat([summarize(df, threshold=self.threshold) for df in runs.values()], ignore_index=True)
