@@ -6,7 +6,8 @@ The command lines run in-process through `ppo_async.cli.main` with stdout / stde
 (what `python -m ppo_async` does, minus the interpreter start); a handful also run as real
 subprocesses. Training itself never starts: `stop_before_running` makes the first step of a
 run raise `Accepted`, so an input that is wrongly accepted fails its case at once instead of
-training (the "silent" class of `classify`).
+training (the "silent" class of `classify`). That, not a clock, is what says an answer came
+before anything was compiled; the subprocess cases have a generous timeout, a hang guard.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -281,10 +281,8 @@ def classify(status: int | str, output: str, field: str) -> str:
 
 @pytest.mark.parametrize("line,field", CLI_CASES, ids=[c[0] for c in CLI_CASES])
 def test_bad_command_line(line, field, files, stop_before_running):
-    start = time.perf_counter()
     status, output = run_cli(_argv(line, files))
     assert classify(status, output, field) == "clear", f"status {status}: {output[-2000:]}"
-    assert time.perf_counter() - start < 5.0
 
 
 # (id, call, exception type, what the message must name)
@@ -373,11 +371,9 @@ def test_bad_api_call(name, call, kind, field, stop_before_running, monkeypatch)
     from ppo_async.config import resources
 
     monkeypatch.setattr(resources, "host_memory_bytes", lambda: 64 * 2**30)  # the same limit on every machine
-    start = time.perf_counter()
     exc, message = run_api(call)
     assert isinstance(exc, kind), f"{name}: got {exc!r}"
     assert field in message and "\n" not in message, message
-    assert time.perf_counter() - start < 5.0
 
 
 def test_table_size():

@@ -116,22 +116,24 @@ def _exploding_after(n: int, message: str, raised_at: list, real=None):
     return exploding
 
 
-def test_a_sampler_that_raises_stops_the_run_with_its_traceback_within_5s(monkeypatch):
+def test_a_sampler_that_raises_stops_the_run_with_its_traceback_within_5s(monkeypatch, time_bound):
+    """An error in a sampler thread reaches the caller within seconds (5 s on idle cores)."""
     raised_at: list = []
     monkeypatch.setattr(threaded_module.sampler, "must_force_refresh", _exploding_after(5, "boom in sampler", raised_at))
     with pytest.raises(threaded_module.ThreadFailure, match=r"(?s)sampler-\d.*boom in sampler.*Traceback"):
         pa.train(small(total_env_steps=128 * 10_000))
-    assert time.perf_counter() - raised_at[0] < 5.0
+    assert time.perf_counter() - raised_at[0] < time_bound(5.0)
     assert sampler_threads() == [] and learner_threads() == []
 
 
-def test_a_learner_that_raises_stops_the_run_with_its_traceback_within_5s(monkeypatch):
+def test_a_learner_that_raises_stops_the_run_with_its_traceback_within_5s(monkeypatch, time_bound):
+    """An error in the learner thread reaches the caller within seconds (5 s on idle cores)."""
     raised_at: list = []
     monkeypatch.setattr(threaded_module.learner, "schedule_record",
                         _exploding_after(3, "boom in learner", raised_at, real=threaded_module.learner.schedule_record))
     with pytest.raises(threaded_module.ThreadFailure, match=r"(?s)thread learner.*boom in learner.*Traceback.*in iteration"):
         pa.train(small(total_env_steps=128 * 10_000))
-    assert time.perf_counter() - raised_at[0] < 5.0
+    assert time.perf_counter() - raised_at[0] < time_bound(5.0)
     assert sampler_threads() == [] and learner_threads() == []
 
 
@@ -174,7 +176,7 @@ def test_max_lag_forces_refreshes_and_filters_stale_samples():
         assert 0.0 < write <= total
 
 
-def test_ctrl_c_stops_every_thread_and_keeps_what_was_done(tmp_path):
+def test_ctrl_c_stops_every_thread_and_keeps_what_was_done(tmp_path, time_bound):
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
@@ -190,8 +192,8 @@ def test_ctrl_c_stops_every_thread_and_keeps_what_was_done(tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     sent = time.monotonic()
-    _, err = proc.communicate(timeout=30)
-    assert time.monotonic() - sent < 10
+    _, err = proc.communicate(timeout=time_bound(30))  # a hang guard
+    assert time.monotonic() - sent < time_bound(10)  # Ctrl-C stops the run promptly, not after a timeout
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
     rows = pa.read_jsonl(metrics)
     assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 3
