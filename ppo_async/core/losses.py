@@ -13,6 +13,7 @@ Conventions (see DESIGN.md):
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import math
@@ -20,6 +21,8 @@ import math
 import chex
 import jax
 import jax.numpy as jnp
+
+from ppo_async.core import normalization
 
 LOG_STD_MIN = -20.0
 LOG_STD_MAX = 2.0
@@ -602,13 +605,12 @@ def weighted_moments(values: chex.Array, weight: chex.Array | None = None) -> ch
 
 
 def pooled_moments(moments: chex.Array) -> chex.Array:
-    """`[D, ..., 3]` moments of D disjoint shards -> `[..., 3]` moments of their union (exact:
-    M2 = sum M2_d + sum n_d (mean_d - mean)^2, Chan et al. 1979's parallel variance)."""
-    count, mean, m2 = moments[..., 0], moments[..., 1], moments[..., 2]
-    total = jnp.sum(count, 0)
-    pooled_mean = jnp.sum(count * mean, 0) / jnp.maximum(total, 1.0)
-    pooled_m2 = jnp.sum(m2, 0) + jnp.sum(count * jnp.square(mean - pooled_mean), 0)
-    return jnp.stack([total, pooled_mean, pooled_m2], -1)
+    """`[D, ..., 3]` moments of D disjoint shards -> `[..., 3]` moments of their union (exact in
+    real arithmetic): the shards merged in order by `normalization.chan_merge`, Chan et al.
+    1979's parallel variance."""
+    shards = [(m[..., 0], m[..., 1], m[..., 2]) for m in moments]
+    count, mean, m2 = functools.reduce(lambda a, b: normalization.chan_merge(*a, *b), shards)
+    return jnp.stack([count, mean, m2], -1)
 
 
 def gathered_moments(moments: chex.Array, axis_name: str | None) -> chex.Array:

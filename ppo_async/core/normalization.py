@@ -36,17 +36,38 @@ def batch_moments(obs: chex.Array, obs_ndim: int) -> RunningMeanStd:
         count=jnp.asarray(count, jnp.float32),
     )
 
+def chan_merge(
+    count_a: chex.Array, mean_a: chex.Array, m2_a: chex.Array,
+    count_b: chex.Array, mean_b: chex.Array, m2_b: chex.Array,
+) -> tuple[chex.Array, chex.Array, chex.Array]:
+    """Count, mean and M2 (sum of squared deviations from the mean) of the union of two disjoint
+    sets of samples from each set's: the parallel algorithm of Chan, Golub & LeVeque (1979),
+
+        n = n_a + n_b,  delta = mean_b - mean_a,  mean = mean_a + delta n_b / n,
+        M2 = M2_a + M2_b + delta^2 n_a n_b / n.
+
+    The library's one variance merge: `merge_moments` (running statistics) and
+    `losses.pooled_moments` (advantage moments of several devices) call it. A side with count 0
+    leaves the other's mean and M2; two empty sides give count 0, `mean_a` and M2 0.
+
+    Args: counts, means and M2s of the two sets (counts broadcast against means and M2s: `[]`
+      beside `[O...]`, or all `[...]`).
+    Returns: `(count, mean, M2)` of the union.
+    """
+    total = count_a + count_b
+    safe_total = jnp.maximum(total, 1.0)
+    delta = mean_b - mean_a
+    mean = mean_a + delta * count_b / safe_total
+    m2 = m2_a + m2_b + jnp.square(delta) * count_a * count_b / safe_total
+    return total, mean, m2
+
 def merge_moments(a: RunningMeanStd, b: RunningMeanStd) -> RunningMeanStd:
-    """Combines two sets of moments (parallel algorithm of Chan, Golub & LeVeque 1979).
+    """Combines two sets of moments (`chan_merge`, M2 = var * count).
 
     Merging with a zero-count side returns the other side unchanged.
     """
-    total = a.count + b.count
-    safe_total = jnp.maximum(total, 1.0)
-    delta = b.mean - a.mean
-    mean = a.mean + delta * b.count / safe_total
-    m2 = a.var * a.count + b.var * b.count + jnp.square(delta) * a.count * b.count / safe_total
-    var = jnp.where(total > 0, m2 / safe_total, 1.0)
+    total, mean, m2 = chan_merge(a.count, a.mean, a.var * a.count, b.count, b.mean, b.var * b.count)
+    var = jnp.where(total > 0, m2 / total, 1.0)  # (counts are whole: total > 0 means total >= 1)
     # With no data at all keep the identity normaliser.
     return RunningMeanStd(mean=jnp.where(total > 0, mean, 0.0), var=var, count=total)
 
