@@ -13,19 +13,16 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 
 
 def _folded(reduce: Callable[[jax.Array, str], jax.Array], tree: Any, axis_name: str) -> Any:
-    leaves, treedef = jax.tree.flatten(tree)
-    if not leaves:
+    """`reduce` (a collective) of every leaf of `tree` as one flat float32 vector
+    (`ravel_pytree`), the leaves' shapes and dtypes restored."""
+    if not jax.tree.leaves(tree):
         return tree
-    flat = reduce(jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves]), axis_name)
-    out, start = [], 0
-    for leaf in leaves:
-        size = int(jnp.size(leaf))
-        out.append(flat[start:start + size].reshape(jnp.shape(leaf)).astype(jnp.result_type(leaf)))
-        start += size
-    return jax.tree.unflatten(treedef, out)
+    flat, unravel = ravel_pytree(tree)  # one vector of the leaves' promoted dtype
+    return unravel(reduce(flat.astype(jnp.float32), axis_name).astype(flat.dtype))
 
 
 def folded_psum(tree: Any, axis_name: str) -> Any:
