@@ -90,11 +90,11 @@ def init_train_state(ctx: LearnerContext, key: chex.PRNGKey, obs_shape: tuple[in
     )
 
 def learning_rate_at(ctx: LearnerContext, hparams: Hyperparams, version: chex.Array) -> chex.Array:
-    """Linear annealing to 0 over `num_iterations` learner versions (or constant)."""
+    """The learning rate at learner version `version`: `hparams.learning_rate` annealed linearly
+    to 0 over `num_iterations` versions (`optax.linear_schedule`; 0 from then on), or constant."""
     if not ctx.anneal_lr:
         return hparams.learning_rate
-    frac = 1.0 - jnp.minimum(version, ctx.num_iterations).astype(jnp.float32) / ctx.num_iterations
-    return hparams.learning_rate * frac
+    return optax.linear_schedule(hparams.learning_rate, 0.0, ctx.num_iterations)(version)
 
 class Batch(NamedTuple):
     """Flattened learner inputs `[B, ...]` (B = T * N)."""
