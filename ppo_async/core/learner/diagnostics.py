@@ -1,8 +1,10 @@
-"""Diagnostics of an update: per-minibatch ratio and KL statistics, effective sample size,
-lag histograms, explained variance and the per-iteration metrics dict."""
+"""Diagnostics of an update: per-minibatch ratio and KL statistics (the KL to the behaviour
+policy and its two parts, staleness and update size), effective sample size, lag histograms,
+explained variance and the per-iteration metrics dict."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
 
 import chex
 import jax
@@ -11,6 +13,62 @@ import jax.numpy as jnp
 from ppo_async.core import collectives, losses
 from ppo_async.core.learner.context import Batch, LearnerContext
 from ppo_async.core.learner.hyperparams import Hyperparams
+
+
+class KlParts(NamedTuple):
+    """`approx_kl` split at the proximal policy (`kl_parts`): scalars, or `[E, M]` per minibatch."""
+
+    staleness: chex.Array  # mean (r_s - 1) - log r_s, r_s = pi_prox / mu: KL(behaviour -> proximal)
+    update: chex.Array  # mean (r_u - 1) - log r_u, r_u = pi_theta / pi_prox: KL(proximal -> updated)
+    cross: chex.Array  # approx_kl - staleness - update: mean (r_s - 1)(r_u - 1)
+
+
+def kl_parts(
+    log_prob: chex.Array, prox_log_prob: chex.Array, behavior_log_prob: chex.Array, mask: chex.Array | None = None
+) -> KlParts:
+    """The KL to the behaviour policy (`losses.approx_kl`) split into staleness and update size.
+
+    With r = pi_theta / mu = r_s * r_u, r_s = pi_prox / mu (how far the learner had moved from
+    the behaviour policy when the iteration began: staleness, which the lag knobs move) and
+    r_u = pi_theta / pi_prox (how far this iteration's SGD steps have moved it: update size,
+    which the learning rate moves), each part is the same estimator as `approx_kl`, the mean of
+    (r - 1) - log r over the samples (Schulman 2020's k3), and sample by sample
+
+        (r - 1) - log r = [(r_s - 1) - log r_s] + [(r_u - 1) - log r_u] + (r_s - 1)(r_u - 1).
+
+    So the parts sum to the total exactly where one ratio is 1: no staleness (pi_prox = mu,
+    e.g. lag 0 with unchanged statistics) or no update yet (the first SGD step of an
+    iteration). Elsewhere they do not: `cross`, the mean of (r_s - 1)(r_u - 1), is of the
+    same order as the parts (a Gaussian mean moved d_s by staleness, then d_u by the update:
+    KL = (d_s + d_u)^2 / 2 sigma^2, parts d_s^2 / 2 sigma^2 and d_u^2 / 2 sigma^2, the rest
+    d_s d_u / sigma^2), positive where the update carries on the drift that made the samples
+    stale, negative where it turns back. The samples come from mu: `staleness` estimates
+    KL(mu || pi_prox) without bias, `update` estimates KL(pi_prox || pi_theta) without bias
+    only where mu = pi_prox, and `update + cross` estimates E_mu[log pi_prox - log pi_theta] =
+    KL(mu || pi_theta) - KL(mu || pi_prox) without bias. `cross` is computed as the rest of
+    `approx_kl`, so `approx_kl = staleness + update + cross` holds to rounding even where
+    approx_kl's cap on log r (20) binds (there `cross` is not (r_s - 1)(r_u - 1)).
+
+    For plain PPO (`ppo.objective = "ppo"`) the proximal policy is the learner's params at the
+    start of the iteration (`Batch.prox_log_prob`); for the decoupled objective it is the same,
+    or its EWMA with `ppo.prox_ewma` (the proximal log-probs of each SGD step).
+
+    Args:
+      log_prob: `[b]` log pi_theta(a|s) under the params of the SGD step.
+      prox_log_prob: `[b]` log pi_prox(a|s).
+      behavior_log_prob: `[b]` log mu(a|s).
+      mask: `[b]` 1 kept, 0 left out (None: all).
+
+    Returns:
+      `KlParts` of scalars (means over the kept samples; 0 when none is kept).
+    """
+    chex.assert_equal_shape([log_prob, prox_log_prob, behavior_log_prob])
+    terms = losses.approx_kl_terms
+    staleness = terms(prox_log_prob - behavior_log_prob)
+    update = terms(log_prob - prox_log_prob)
+    cross = terms(log_prob - behavior_log_prob) - staleness - update
+    mean = lambda x: losses.masked_mean(x, mask)  # noqa: E731
+    return KlParts(mean(staleness), mean(update), mean(cross))
 
 
 def minibatch_diagnostics(
@@ -22,6 +80,7 @@ def minibatch_diagnostics(
     advantage: chex.Array,
     weight: chex.Array,
     lag: chex.Array,
+    prox_log_prob: chex.Array | None = None,
 ) -> dict[str, chex.Array]:
     """KL, ratio and per-lag diagnostics of every SGD step's minibatch, computed together.
 
@@ -29,7 +88,8 @@ def minibatch_diagnostics(
     each step saw under its params and under the objective's anchor (`anchor_log_prob`: the
     behaviour policy for PPO, the proximal policy for decoupled PPO), and that minibatch's
     behaviour log-probs, advantages, weights and lags. Per minibatch (`[E, M]`): `approx_kl`
-    to the behaviour policy (Schulman 2020), clip / dual-clip fractions and ratio mean / std /
+    to the behaviour policy (Schulman 2020) and, given the proximal log-probs `prox_log_prob`,
+    its parts `kl_staleness`, `kl_update`, `kl_cross` (`kl_parts`), clip / dual-clip fractions and ratio mean / std /
     max of the clipped ratio pi / pi_anchor (`losses.ratio_stats`), `is_clip_fraction` (share
     of samples whose weight pi_anchor / mu is truncated at `is_clip`; 0 for PPO); summed over
     all minibatches (`[lag_buckets]`): sample counts, KL terms and clip indicators per lag
@@ -46,8 +106,13 @@ def minibatch_diagnostics(
     kl_terms = losses.approx_kl_terms(log_prob - behavior_log_prob).reshape(-1)
     clipped = (jnp.abs(jnp.exp(log_prob - anchor) - 1.0) > hparams.clip_eps).astype(jnp.float32).reshape(-1)
     bucket = jax.nn.one_hot(jnp.minimum(lag, ctx.lag_buckets - 1).reshape(-1), ctx.lag_buckets) * weight.reshape(-1)[:, None]
+    parts = {}
+    if prox_log_prob is not None:
+        split = per_minibatch(kl_parts)(log_prob, prox_log_prob, behavior_log_prob, weight)
+        parts = {"kl_staleness": split.staleness, "kl_update": split.update, "kl_cross": split.cross}
     return {
         "approx_kl": kl,
+        **parts,
         "kept": jnp.sum(weight, -1),
         **stats._asdict(),
         "is_clip_fraction": is_clip_fraction,

@@ -131,7 +131,8 @@ def ppo_loss(
     al. 2020; `dual_clip = inf` is plain PPO clipping) or the proximal policy (`decoupled = 1`,
     Hilton et al. 2021). Samples with weight 0 (stale) take no part. The aux dict holds the
     three loss terms (scalars) and, per sample `[b]`, the log-probabilities under the params
-    of this step, the anchor's, and the (normalised) advantages the objective used:
+    of this step, the anchor's, the proximal policy's (the KL's split into staleness and
+    update size, `diagnostics.kl_parts`) and the (normalised) advantages the objective used:
     `minibatch_diagnostics` turns them into the KL / ratio / per-lag metrics once per
     iteration for all minibatches together.
     """
@@ -158,6 +159,7 @@ def ppo_loss(
         "entropy": entropy,
         "log_prob": jax.lax.stop_gradient(log_prob),
         "anchor_log_prob": anchor,
+        "prox_log_prob": jax.lax.stop_gradient(batch.prox_log_prob),
         "advantage": jax.lax.stop_gradient(advantages),
     }
     return loss, aux
@@ -326,7 +328,8 @@ def ppo_update(
       hparams: traced hyperparameters.
 
     Returns:
-      `(new_state, metrics)`: scalars averaged over all minibatches, plus `approx_kl_max` (max
+      `(new_state, metrics)`: scalars averaged over all minibatches (`approx_kl` and its parts
+      `kl_staleness` + `kl_update` + `kl_cross`, `diagnostics.kl_parts`), plus `approx_kl_max` (max
       over minibatches), `ratio_max` (max over samples), lag statistics of the consumed batch
       (`lag_histogram`, `lag_mean`, `lag_max`, `dropped_stale`) and per-lag-bucket
       `kl_per_lag` / `clip_fraction_per_lag` (NaN where no sample had that lag).
@@ -344,8 +347,9 @@ def ppo_update(
     (params, opt_state, prox_params), per_step, (behavior_log_prob, weight, step_lag), step_valid, sgd_steps = run_epochs(
         ctx, hparams, value_flag, (state.params, opt_state, state.prox_params), batch, key
     )
-    log_prob, anchor, advantage = (per_step.pop(k) for k in ("log_prob", "anchor_log_prob", "advantage"))
-    per_step.update(minibatch_diagnostics(ctx, hparams, log_prob, anchor, behavior_log_prob, advantage, weight, step_lag))
+    log_prob, anchor, prox, advantage = (per_step.pop(k) for k in ("log_prob", "anchor_log_prob", "prox_log_prob", "advantage"))
+    per_step.update(minibatch_diagnostics(ctx, hparams, log_prob, anchor, behavior_log_prob, advantage, weight, step_lag,
+                                          prox))
     metrics = iteration_metrics(ctx, per_step, batch, lag, step_valid)  # (global under data parallelism)
     metrics["learning_rate"] = learning_rate
     metrics["value_updated"] = value_flag
