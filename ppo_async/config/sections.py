@@ -259,45 +259,56 @@ class NetworkConfig:
 @record_given
 @dataclass(frozen=True)
 class LagConfig:
-    """Policy lag: the emulated lag schedule (simulated mode) and the stale-sample filter (every mode).
+    """Policy lag: the lag schedule (simulated mode, and threaded runs with threaded.barrier = True)
+    and the stale-sample filter (every mode).
 
-    Schedules (one lag value per learner iteration, drawn on the host from `seed`):
-      fixed: every batch is K versions old.
-      per_sampler: sampler s (batches are consumed round-robin) is `per_sampler[s]` versions old.
-      uniform: lag ~ U{low, ..., high}.
+    A schedule gives each consumed rollout chunk a lag K: it is made with the params and
+    normalisation statistics of version v - K (v the learner's version when it is consumed,
+    never below version 0). The simulated mode emulates it in one jitted program (one chunk per
+    learner iteration, from emulated sampler i mod num_samplers); a threaded barrier run makes it
+    on real samplers, JAX or host-side envs alike (one chunk per sampler thread and learner
+    iteration; the default, fixed K = 0, is the classic barrier). Without a barrier a threaded
+    run's lag emerges from timing, and the schedule fields are an error there, as in sync mode.
+
+    Schedules (drawn on the host from `seed` by `ppo_async.core.lag`):
+      fixed: every chunk is K versions old.
+      per_sampler: sampler s (emulated, or threaded sampler s) is `per_sampler[s]` versions old.
+      uniform: lag ~ U{low, ..., high}, per chunk.
       geometric: lag ~ Geometric(p) - 1 (P(lag = k) = p (1 - p)^k), truncated to `high`.
       straggler: the first ceil(fraction * num_samplers) samplers refresh their params only
-        every `slowdown`-th rollout (the others every rollout); lag is counted in learner versions.
-      replay: the (sampler_id, lag) of each consumed batch, read from `replay_path`
-        (the version schedule a threaded run writes; format in `ppo_async.core.lag`).
+        every `slowdown`-th rollout (the others every rollout); lag is counted in learner
+        versions (simulated: num_samplers versions pass between a sampler's rollouts; barrier: one).
+      replay: the lags of a recorded run, read from `replay_path` (the version schedule a
+        threaded run writes; format in `ppo_async.core.lag`).
     """
 
     schedule: LagScheduleName = "fixed"
-    """Lag schedule of the simulated mode."""
+    """Lag schedule: acts in mode='simulated' and in threaded barrier runs (threaded.barrier = True)."""
     K: int = 0
-    """fixed: the lag of every batch, in learner versions."""
+    """fixed: the lag of every chunk, in learner versions (simulated; threaded with barrier)."""
     per_sampler: tuple[int, ...] = ()
-    """per_sampler: one lag per sampler (its length sets num_samplers)."""
+    """per_sampler: one lag per sampler (simulated: its length sets num_samplers; threaded with barrier: one per threaded.num_samplers)."""
     low: int = 0
-    """uniform: smallest lag."""
+    """uniform: smallest lag (simulated; threaded with barrier)."""
     high: int = 4
-    """uniform: largest lag; geometric: truncation."""
+    """uniform: largest lag; geometric: truncation (simulated; threaded with barrier)."""
     p: float = 0.5
-    """geometric: success probability in (0, 1]."""
+    """geometric: success probability in (0, 1] (simulated; threaded with barrier)."""
     fraction: float = 0.25
-    """straggler: fraction of samplers that are slow, in (0, 1]."""
+    """straggler: fraction of samplers that are slow, in (0, 1] (simulated: of num_samplers; threaded with barrier: of threaded.num_samplers)."""
     slowdown: int = 4
-    """straggler: slow samplers refresh this many times less often."""
+    """straggler: slow samplers refresh this many times less often (simulated; threaded with barrier)."""
     replay_path: str | None = None
-    """replay: path of a version schedule (JSONL or CSV) recorded by a threaded run."""
+    """replay: path of a version schedule (JSONL or CSV) recorded by a threaded run. Simulated: one record per learner iteration (its sampler_id and lag); threaded with barrier: one record per iteration (its lag for every sampler) or threaded.num_samplers records (one per sampler)."""
     num_samplers: int | None = None
-    """Emulated samplers, each with its own envs and env seeds; batches are consumed round-robin.
-    None: 1, or with schedule='replay' the samplers the replayed file names (its largest
-    sampler_id + 1); see `ppo_async.core.lag.num_samplers_of`."""
+    """Simulated mode only: emulated samplers, each with its own envs and env seeds; batches are
+    consumed round-robin. None: 1, or with schedule='replay' the samplers the replayed file names
+    (its largest sampler_id + 1); see `ppo_async.core.lag.num_samplers_of`. A threaded run's
+    samplers are threaded.num_samplers."""
     max_lag: int | None = None
-    """Stale filter: samples whose lag exceeds this are dropped at consumption (and counted); None keeps all."""
+    """Stale filter (every mode): samples whose lag exceeds this are dropped at consumption (and counted); None keeps all. A threaded barrier run refuses one below its schedule's largest lag."""
     seed: int = 0
-    """Seed of the random schedules (uniform, geometric)."""
+    """Seed of the random schedules (uniform, geometric; simulated and threaded with barrier)."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "lag.")
@@ -357,7 +368,7 @@ class ThreadedConfig:
     timeout_s: float = 30.0
     """Seconds a thread may make no progress in its own work, or all threads may wait on each other, before the run fails with `StalledThread` (one line naming the thread; exit status 5 from the CLI). A slow thread that keeps stepping never fails the run, however long its rollouts take."""
     barrier: bool = False
-    """Barrier baseline (synchronous distributed PPO): each learner batch holds one rollout from every sampler, all made with the latest params (lag 0); samplers wait for each new version."""
+    """Barrier baseline (synchronous distributed PPO): each learner batch holds one rollout from every sampler, all made with the latest params (lag 0); samplers wait for each new version. With a lag.* schedule the samplers act with version v - K instead (exact scheduled lag, JAX or host-side envs; see LagConfig)."""
     chunks_per_batch: int | None = None
     """Rollout chunks (num_envs * num_steps each) per learner batch; None = 1, or num_samplers with barrier."""
     sampler_devices: tuple[int, ...] = ()
@@ -710,8 +721,9 @@ class Config:
         object.__setattr__(new, "_preset_fields", tuple(p for p in self.preset_fields if p.partition(".")[0] not in changes))
         return new
 
-# Lag-schedule fields (all of LagConfig but the stale filter) act only in simulated mode; within
-# it, each schedule reads only its own fields. lag.num_samplers acts in every schedule.
+# Lag-schedule fields (all of LagConfig but the stale filter) act only in simulated mode and in
+# threaded barrier runs; within them, each schedule reads only its own fields. lag.num_samplers
+# acts in every schedule of the simulated mode.
 LAG_FILTER_FIELDS = ("max_lag",)
 
 SCHEDULE_FIELDS = {
@@ -727,26 +739,23 @@ def check_fields_apply(config: "Config") -> None:
     """Raises ConfigError for a field set away from its default where it would do nothing.
 
     A knob that silently does nothing is a wrong experiment: `lag.K = 8` in sync mode runs at
-    lag 0. The rules: lag-schedule fields need mode='simulated' (`lag.max_lag`, the stale
-    filter, acts in every mode) and, within it, the schedule that reads them; `threaded.*`
+    lag 0. The rules: lag-schedule fields need mode='simulated' or a threaded barrier run
+    (`lag.max_lag`, the stale filter, acts in every mode) and, within it, the schedule that
+    reads them (`_lag_inert_reason`); `threaded.*`
     fields need mode='threaded' (`threaded.latency_jitter` also needs a latency);
     `ppo.rho_bar` / `ppo.c_bar` need advantage_estimator='vtrace'; `ppo.is_clip` /
     `ppo.prox_ewma` need objective='decoupled'; checkpoint_every,
     keep_checkpoints and overwrite need a run_dir.
     """
     check_env_options(config)
-    lag, default_lag = config.lag, LagConfig()
-    for name in _changed(lag, default_lag):
-        if name in LAG_FILTER_FIELDS or (name == "num_samplers" and lag.num_samplers == 1):  # 1 = the default's meaning
-            continue
-        if config.mode != "simulated":
-            _inert(f"lag.{name}", getattr(lag, name),
-                   f"lag-schedule fields act only in mode='simulated', this run has mode={config.mode!r} "
-                   "(lag.max_lag is the one lag field every mode uses)")
-        if name not in ("schedule", "num_samplers") and name not in SCHEDULE_FIELDS[lag.schedule]:
-            users = sorted(k for k, v in SCHEDULE_FIELDS.items() if name in v)
-            _inert(f"lag.{name}", getattr(lag, name),
-                   f"lag.schedule = {lag.schedule!r} does not read it (it is read by {', '.join(map(repr, users))})")
+    for name in _changed(config.lag, LagConfig()):
+        why = _lag_inert_reason(config, name)
+        if why is not None:
+            _inert(f"lag.{name}", getattr(config.lag, name), why)
+    barrier = config.mode == "threaded" and config.threaded.barrier
+    if barrier and config.lag.schedule == "per_sampler" and len(config.lag.per_sampler) != config.threaded.num_samplers:
+        _fail("lag.per_sampler", config.lag.per_sampler,
+              f"must list one lag per sampler thread (threaded.num_samplers = {config.threaded.num_samplers})")
     if config.mode != "threaded":
         for name in _changed(config.threaded, ThreadedConfig()):
             _inert(f"threaded.{name}", getattr(config.threaded, name),
@@ -764,6 +773,31 @@ def check_fields_apply(config: "Config") -> None:
         for name in ("checkpoint_every", "keep_checkpoints", "overwrite"):
             if getattr(config, name) != type(config).__dataclass_fields__[name].default:
                 _inert(name, getattr(config, name), "there is no run_dir to write checkpoints into")
+
+
+def _lag_inert_reason(config: "Config", name: str) -> str | None:
+    """Why the lag field `name` (set away from its default) does nothing in `config`; None when
+    it acts. The stale filter acts everywhere; the schedule fields in mode='simulated' and in a
+    threaded barrier run (the run that makes the schedule's lags on real samplers), each read by
+    its schedule; lag.num_samplers counts the simulated mode's emulated samplers only."""
+    lag, barrier = config.lag, config.mode == "threaded" and config.threaded.barrier
+    if name in LAG_FILTER_FIELDS:
+        return None
+    if name == "num_samplers" and barrier and lag.num_samplers != config.threaded.num_samplers:
+        return ("a threaded barrier run's schedule has one lag per sampler thread: set threaded.num_samplers "
+                "(lag.num_samplers counts the simulated mode's emulated samplers)")
+    if name == "num_samplers" and (barrier or config.mode == "simulated" or lag.num_samplers == 1):
+        return None  # (1: the default's meaning)
+    if config.mode == "threaded" and not barrier:
+        return ("this run has mode='threaded' without a barrier, whose lag emerges from timing; a lag schedule acts "
+                "with threaded.barrier = True (and in mode='simulated'); lag.max_lag is the one lag field every mode uses")
+    if config.mode not in ("simulated", "threaded"):
+        return (f"lag-schedule fields act only in mode='simulated' and in threaded runs with threaded.barrier = True, "
+                f"this run has mode={config.mode!r} (lag.max_lag is the one lag field every mode uses)")
+    if name != "schedule" and name not in SCHEDULE_FIELDS[lag.schedule]:
+        users = sorted(k for k, v in SCHEDULE_FIELDS.items() if name in v)
+        return f"lag.schedule = {lag.schedule!r} does not read it (it is read by {', '.join(map(repr, users))})"
+    return None
 
 
 def _ppo_inert_reason(ppo: PPOConfig, name: str) -> str | None:

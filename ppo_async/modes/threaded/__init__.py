@@ -17,8 +17,18 @@ when consumed): the freshness bound is also the buffer's effective depth.
 `threaded.kl_target` turns on the online KL controller (`ppo_async.core.kl_control`): after
 each learner iteration it may pause or resume samplers and move `refresh_lag` and `max_lag`.
 With `threaded.barrier` the same threads run classic synchronous distributed PPO: every
-sampler makes exactly one rollout per policy version with the latest params, and each learner
-batch holds one rollout from every sampler (lag 0, the slowest sampler sets the pace).
+sampler makes exactly one rollout per learner iteration, and each learner batch holds one
+rollout from every sampler, in sampler order (the slowest sampler sets the pace). The lag of
+those rollouts is the `lag.*` schedule's, exactly (`shared.LagPlan`): for learner iteration t
+sampler s acts with version max(t - K[t, s], 0), K drawn by `core.lag.barrier_lags` with the
+simulated mode's code (fixed, per_sampler, uniform, geometric, straggler, replay); the
+ParamStore keeps the last max(K) + 1 snapshots (params and statistics under one version). The
+default schedule (fixed, K = 0) is the classic barrier: the latest params. This is how a user
+asks for scheduled lag on any env, host-side simulators included: `mode="threaded"`,
+`threaded.barrier=True` and a lag schedule. It reuses the barrier rather than adding a flag,
+because a barrier run is that schedule's K = 0 point: one meaning of `lag.*` (the lag of each
+consumed chunk) in the simulated mode and here; without a barrier the lag comes from timing
+and the schedule fields are refused (`config.check_fields_apply`).
 
 The calling thread (`run`) only logs and watches: an exception in any thread stops every thread
 and is re-raised from `train()`; a thread that is stuck (no progress for `threaded.timeout_s`
@@ -53,6 +63,7 @@ from ppo_async.modes.threaded.programs import (
     ThreadedCheckpoint,
     ThreadedPrograms,
     ThreadedSetup,
+    barrier_lags_of,
     clear_program_cache,
     lag_buckets_of,
     make_learner_update,
@@ -75,6 +86,7 @@ from ppo_async.modes.threaded.resume import LearnerStart, ResumePoint
 from ppo_async.modes.threaded.sampler import FreshnessGate, Sampler, sampler_loop
 from ppo_async.modes.threaded.shared import (
     POLL_S,
+    LagPlan,
     LearnerOutput,
     LearnerState,
     RunShared,
@@ -85,10 +97,10 @@ from ppo_async.modes.threaded.shared import (
 from ppo_async.runtime.placement import Placement, resolve_placement
 
 __all__ = [
-    "BeatingEnv", "FreshnessGate", "Heartbeat", "IterationTimes", "JOIN_TIMEOUT_S", "LOG_QUEUE_SIZE", "Learner",
+    "BeatingEnv", "FreshnessGate", "Heartbeat", "IterationTimes", "JOIN_TIMEOUT_S", "LOG_QUEUE_SIZE", "LagPlan", "Learner",
     "LearnerOutput", "LearnerStart", "LearnerState", "MODE", "POLL_S", "Placement", "ResumePoint", "RunShared",
     "Sampler", "SamplerStats", "StalledThread", "ThreadError", "ThreadFailure", "ThreadedCheckpoint",
-    "ThreadedPrograms", "ThreadedSetup", "VERSION_SCHEDULE_FILE", "check_buffer_fits", "clear_program_cache",
+    "ThreadedPrograms", "ThreadedSetup", "VERSION_SCHEDULE_FILE", "barrier_lags_of", "check_buffer_fits", "clear_program_cache",
     "controller_limits", "device_memory_report", "find_stall", "lag_buckets_of", "learner_loop", "learner_row",
     "make_learner_update", "make_threaded_setup", "program_key", "resolve_placement", "run_threaded",
     "sampler_loop", "start_threads", "stop_threads", "take_batch", "threaded_accounting", "threaded_checkpoint",

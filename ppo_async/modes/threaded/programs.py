@@ -15,15 +15,16 @@ import jax
 import numpy as np
 
 from ppo_async import envs
-from ppo_async.config import Config, config_to_dict
+from ppo_async.config import Config, ConfigError, config_to_dict
 from ppo_async.core import host_rollout, learner
+from ppo_async.core.lag import barrier_lags
 from ppo_async.core.learner import hyperparams_from_config
 from ppo_async.core.rollout import concat_trajectories, rollout
 from ppo_async.core.types import TrainState, snapshot_of
 from ppo_async.modes.common import clear_jitted_cache, make_contexts, rollout_metrics, sampler_env_key
 from ppo_async.modes.threaded.memory import check_buffer_fits, device_memory_report
 from ppo_async.modes.threaded.resume import LearnerStart, ResumePoint
-from ppo_async.modes.threaded.shared import RunShared, SamplerStats
+from ppo_async.modes.threaded.shared import LagPlan, RunShared, SamplerStats
 from ppo_async.runtime import distributed
 from ppo_async.runtime.buffer import RingBuffer
 from ppo_async.runtime.param_store import ParamStore
@@ -71,6 +72,26 @@ def make_learner_update(config: Config, placement: Placement, lag_buckets: int) 
         return state, {**metrics, **rollout_metrics(trajectory.stats)}
 
     return built._replace(update=jax.jit(update, compiler_options=program_compiler_options()))
+
+
+def barrier_lags_of(config: Config) -> np.ndarray | None:
+    """The lag of each sampler's chunk in each learner iteration of a barrier config
+    (`core.lag.barrier_lags`: lag.* drawn as the simulated mode draws it), int32 `[I, S]`;
+    None without a barrier (the lag emerges from timing).
+
+    Raises:
+      ConfigError: a bad replay file (lag.replay_path), or lag.max_lag below a lag the schedule
+        asks for (the stale filter would drop chunks made that old on purpose, and a batch
+        dropped whole moves no version, which the schedule counts on).
+    """
+    if not config.threaded.barrier:
+        return None
+    lags = barrier_lags(config.lag, config.num_iterations, config.threaded.num_samplers)
+    largest = int(lags.max(initial=0))
+    if config.lag.max_lag is not None and largest > config.lag.max_lag:
+        raise ConfigError(f"lag.max_lag = {config.lag.max_lag} is invalid for this barrier run: its lag schedule asks for "
+                          f"lag {largest}, whose chunks the stale filter would drop; set lag.max_lag >= {largest} or None")
+    return lags
 
 
 def lag_buckets_of(config: Config) -> int:
@@ -171,6 +192,7 @@ class ThreadedSetup:
     example: Any  # one rollout chunk on the buffer device
     compile_seconds: float
     memory: dict[str, Any] = field(default_factory=dict)  # device_memory_report: buffer / snapshot bytes
+    lags: np.ndarray | None = None  # a barrier run's [I, S] lag schedule (`barrier_lags_of`); None: from timing
 
     def batch(self) -> Any:
         """`chunks_per_batch` copies of the example chunk, merged and placed as the learner takes them."""
@@ -185,8 +207,19 @@ class ThreadedSetup:
                                 device=self.placement.buffer_device)
             buffer.warm_up(self.example)
         stats = [SamplerStats() for _ in range(config.threaded.num_samplers)]
-        store = ParamStore(distributed.local_value(snapshot_of(self.train_state)))
-        return RunShared(config, store, buffer, threading.Event(), [], stats, self.placement.buffer_device)
+        plan = self.plan()
+        store = ParamStore(distributed.local_value(snapshot_of(self.train_state)),
+                           history=1 if plan is None else plan.ring_size)
+        return RunShared(config, store, buffer, threading.Event(), [], stats, self.placement.buffer_device, plan=plan)
+
+    def plan(self) -> LagPlan | None:
+        """A fresh `LagPlan` of a barrier run from where its learner starts (None without a
+        barrier): samplers work ahead of the learner by at most what the buffer holds."""
+        if self.lags is None:
+            return None
+        version = int(jax.device_get(distributed.local_value(self.train_state.version)))
+        run_ahead = self.config.buffer_capacity_chunks // self.config.threaded.num_samplers - 1
+        return LagPlan(self.lags, self.start.iteration, version, run_ahead)
 
 
 def _run_keys(config: Config, resumed_at: int = 0) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -223,6 +256,7 @@ def make_threaded_setup(config: Config, resume: ResumePoint | None = None) -> Th
     """Placement, compiled rollout / merge / update, train state, envs and keys of a threaded
     config; with `resume`, the learner's train state and key are the checkpoint's."""
     t_start = time.perf_counter()
+    lags = barrier_lags_of(config)  # a bad schedule fails before anything compiles
     placement = resolve_placement(config)
     programs = threaded_programs(config, placement, lag_buckets_of(config))
     start = LearnerStart() if resume is None else resume.start
@@ -250,7 +284,7 @@ def make_threaded_setup(config: Config, resume: ResumePoint | None = None) -> Th
         config=config, placement=placement, rollout_fn=programs.rollout_fn, update=programs.learner.update,
         place_trajectory=programs.learner.place_trajectory, merge=programs.merge, train_state=train_state,
         learner_key=run_key, start=start, hparams=hparams, env_states=env_states, sampler_keys=sampler_keys,
-        example=jax.device_put(example, placement.buffer_device), compile_seconds=0.0, memory=memory,
+        example=jax.device_put(example, placement.buffer_device), compile_seconds=0.0, memory=memory, lags=lags,
     )
     setup.update.lower(train_state, setup.batch(), run_key, hparams).compile()
     setup.compile_seconds = time.perf_counter() - t_start

@@ -1,11 +1,15 @@
 """The sampler thread: refresh its params snapshot, make a rollout, deliver it to the buffer.
 
-A `Sampler` holds one thread's state (its snapshot and version, env states, RNG, the version of
-its last delivered chunk) and does one of three things per step, each a method: `refresh`
-(pull newer params when the rules say so: `lag.should_refresh`, one rollout per version with a
-barrier, the latest after a KL-controller pause), `make` (a rollout plus the simulated env
-latency) and `deliver` (into the ring buffer, unless the chunk would be stale when consumed:
-then it is discarded as a forced refresh, counted).
+A `Sampler` holds one thread's state (its snapshot and version, env states, RNG, the learner
+iteration its next chunk is for in a barrier run) and does one of three things per step, each a
+method: `refresh` (pull newer params when the rules say so: `lag.should_refresh`, the latest
+after a KL-controller pause), `make` (a rollout plus the simulated env latency) and `deliver`
+(into the ring buffer, unless the chunk would be stale when consumed: then it is discarded as a
+forced refresh, counted).
+
+In a barrier run (`threaded.barrier`) a sampler follows the run's `LagPlan` instead
+(`scheduled_step`): one chunk per learner iteration, made with the exact version the lag
+schedule gives (the latest with the default schedule, lag 0), delivered in sampler order.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from ppo_async.core import kl_control
 from ppo_async.core.host_rollout import HOST_ENV_TYPES
 from ppo_async.core.lag import is_stale, must_force_refresh, should_refresh
 from ppo_async.modes.threaded.liveness import DEVICE, WAIT, WORK, BeatingEnv
-from ppo_async.modes.threaded.shared import POLL_S, RunShared
+from ppo_async.modes.threaded.shared import POLL_S, LagPlan, RunShared
 from ppo_async.runtime.buffer import ChunkTag
 from ppo_async.runtime.param_store import ParamStore
 
@@ -61,8 +65,9 @@ class Sampler:
         self.snapshot = shared.store.get_if_newer(None, device)
         self.version = int(self.snapshot.version)
         self.last_refresh = time.perf_counter()
-        self.made_with: int | None = None  # version of the last rollout put into the buffer
         self.paused = False
+        # barrier: the learner iteration (0-based) this sampler's next chunk is for
+        self.next_iteration = shared.plan.first_iteration if shared.plan is not None else 0
 
     def run(self) -> None:
         """The thread's body; a failure is recorded in `shared` (which stops every thread)."""
@@ -73,42 +78,84 @@ class Sampler:
             self.shared.fail(f"sampler-{self.sampler_id}", exc)
 
     def step(self) -> None:
-        """One pass: wait while paused or without room, else refresh, make and deliver a rollout."""
+        """One pass: wait while paused or without room, else refresh, make and deliver a rollout
+        (a barrier run: the next chunk of its plan)."""
+        if self.shared.plan is not None:
+            self.scheduled_step(self.shared.plan)
+            return
         knobs = self.shared.knobs
         if not knobs.active[self.sampler_id]:  # paused by the KL controller
             self._pause_slice()
             return
         self.stats.pause_ended(time.perf_counter())  # running: a pause in progress (if any) is over
-        if self._no_room(knobs) or not self.refresh(knobs):
+        if self._no_room(knobs):
             return
+        self.refresh(knobs)
         trajectory, made_at = self.make()
-        if not self.shared.config.threaded.barrier and must_force_refresh(
-                self.version, self.shared.store.latest_version(), self.shared.knobs.max_lag):
+        if must_force_refresh(self.version, self.shared.store.latest_version(), self.shared.knobs.max_lag):
             self.force_refresh()  # the rollout just made is too stale: discarded (counted)
             return
         self.deliver(trajectory, made_at)
 
-    def refresh(self, knobs: kl_control.LagKnobs) -> bool:
-        """Pulls newer params when due; False when a barrier sampler is still waiting for the
-        learner's next version (nothing to make yet)."""
-        store, stats, tcfg = self.shared.store, self.stats, self.shared.config.threaded
+    def scheduled_step(self, plan: LagPlan) -> None:
+        """One chunk of a barrier run: for the next learner iteration t, wait until the plan lets
+        this sampler start, act with the snapshot of exactly `plan.version_for(t, s)` (params
+        and normalisation statistics of one version), make the rollout, deliver it in its turn.
+        Returns after one POLL_S slice of waiting, so a stop is seen."""
+        t = self.next_iteration
+        if t >= plan.num_iterations:  # every chunk of the run delivered: nothing left to make
+            self.stats.enter("done", WAIT)
+            self.shared.stop.wait(POLL_S)
+            return
+        if not self._take_scheduled(plan, t):
+            return
+        trajectory, made_at = self.make()
+        if self._wait_turn(plan, t) and self.deliver(trajectory, made_at):
+            plan.delivered(t, self.sampler_id)
+            self.next_iteration = t + 1
+
+    def _take_scheduled(self, plan: LagPlan, t: int) -> bool:
+        """Waits (one POLL_S slice) for the learner to publish `plan.ready_version(t, s)`; then
+        holds the snapshot of chunk t's scheduled version. False while still waiting."""
+        stats, store = self.stats, self.shared.store
+        t0 = time.perf_counter()
+        stats.enter("params", WAIT)  # waiting for the learner: not stuck (`liveness`)
+        ready = store.wait_for_version(plan.ready_version(t, self.sampler_id), timeout=POLL_S)
+        stats.wait_params_s += time.perf_counter() - t0
+        if not ready:
+            return False
+        version = plan.version_for(t, self.sampler_id)
+        if version != self.version:
+            # held by the store's ring: the learner is at most lags[t, s] versions past it (LagPlan)
+            self.snapshot, self.version = store.get_version(version, self.device), version
+            self.last_refresh = time.perf_counter()
+            stats.refreshes += 1
+        return True
+
+    def _wait_turn(self, plan: LagPlan, t: int) -> bool:
+        """Waits until the chunks before this one are delivered (the batch's sampler order);
+        counted as waiting for params (the barrier's cost). False when the run stops first."""
+        t0 = time.perf_counter()
+        self.stats.enter("turn", WAIT)
+        try:
+            while not self.shared.stop.is_set():
+                if plan.wait_turn(t, self.sampler_id, timeout=POLL_S):
+                    return True
+            return False
+        finally:
+            self.stats.wait_params_s += time.perf_counter() - t0
+
+    def refresh(self, knobs: kl_control.LagKnobs) -> None:
+        """Pulls the latest params when due (`lag.should_refresh`, or after a pause)."""
+        stats, tcfg = self.stats, self.shared.config.threaded
         t0 = time.perf_counter()
         stats.enter("params", WAIT)
         if self.paused:  # resumed: its params are as old as the pause; pull the latest
             self._pull(t0)
             self.paused = False
-        elif tcfg.barrier:
-            if self.made_with == self.version:  # one rollout per version: wait for the learner's next one
-                newer = store.wait_for_newer(self.version, timeout=POLL_S, device=self.device)
-                stats.wait_params_s += time.perf_counter() - t0
-                if newer is None:
-                    return False
-                self.snapshot, self.version = newer, int(newer.version)
-                stats.refreshes += 1
-        elif should_refresh(self.version, store.latest_version(), knobs.refresh_lag, t0 - self.last_refresh,
-                            tcfg.min_refresh_interval_s):
+        elif should_refresh(self.version, self.shared.store.latest_version(), knobs.refresh_lag,
+                            t0 - self.last_refresh, tcfg.min_refresh_interval_s):
             self._pull(t0)
-        return True
 
     def make(self) -> tuple[Any, float]:
         """One rollout with the current snapshot: `(trajectory, delivery instant)` (after the
@@ -126,10 +173,10 @@ class Sampler:
             made_at = self._env_latency()
         return trajectory, made_at
 
-    def deliver(self, trajectory: Any, made_at: float) -> None:
+    def deliver(self, trajectory: Any, made_at: float) -> bool:
         """Puts the chunk into the buffer (on the buffer's device); a chunk the freshness gate
         refuses (it would be staler than lag.max_lag when consumed) is discarded here as a
-        forced refresh rather than put in to be dropped by the learner."""
+        forced refresh rather than put in to be dropped by the learner. True when it went in."""
         shared, stats, tcfg = self.shared, self.stats, self.shared.config.threaded
         # to the buffer's device (a no-op put costs ~0.15 ms per chunk: skip it on one device)
         chunk = trajectory if self.device == shared.buffer_device else jax.device_put(trajectory, shared.buffer_device)
@@ -141,12 +188,12 @@ class Sampler:
         while not shared.stop.is_set():
             if shared.buffer.put(chunk, timeout=POLL_S, tag=tag, admit=gate, timings=stats.put_timings):
                 stats.produced += shared.config.chunk_size
-                self.made_with = self.version
                 stats.heartbeat.beat()
-                return
+                return True
             if gate is not None and gate.refused:
                 self.force_refresh()
-                return
+                return False
+        return False
 
     def force_refresh(self) -> None:
         """Counts the rollout just made as discarded and pulls the latest params."""

@@ -1,5 +1,6 @@
-"""What the threads of one threaded run share: the run's state, each sampler's counters, the
-records that travel between threads (chunk tags, thread errors, learner outputs)."""
+"""What the threads of one threaded run share: the run's state, each sampler's counters, a
+barrier run's lag plan (`LagPlan`), the records that travel between threads (chunk tags, thread
+errors, learner outputs)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
+
 from ppo_async.config import Config
 from ppo_async.core import kl_control
+from ppo_async.core.lag import scheduled_version
 from ppo_async.core.types import TrainState
 from ppo_async.modes.threaded.liveness import Heartbeat, StalledThread
 from ppo_async.runtime.buffer import RingBuffer
@@ -87,6 +91,77 @@ def initial_knobs(config: Config) -> kl_control.LagKnobs:
     return kl_control.LagKnobs((True,) * config.threaded.num_samplers, config.threaded.refresh_lag, config.lag.max_lag)
 
 
+class LagPlan:
+    """The lag schedule of a threaded barrier run and the order its chunks go into the buffer.
+
+    Learner iteration t (0-based) takes one chunk from each of the S samplers; sampler s makes
+    it with version `version_for(t, s)` (`lags[t, s]` versions behind the learner's version at
+    consumption, `core.lag.scheduled_version`), and the chunks enter the buffer in the order
+    (t, 0), (t, 1), ..., (t + 1, 0), ... (`wait_turn` / `delivered`): a batch holds iteration
+    t's chunks in sampler order, whatever the timing (so a run is deterministic in its
+    batches, and a sampler working ahead never slips into an earlier batch). A sampler starts
+    chunk t once the learner has published `ready_version(t, s)`: its scheduled version, and
+    no further ahead than `run_ahead` iterations (the buffer must hold every chunk made ahead).
+
+    Invariant, where the ParamStore's ring is sized: when sampler s takes version
+    `version_for(t, s)`, the learner is at most at the version that consumes iteration t (it
+    cannot finish iteration t without this chunk), so at most max(lags) versions past it: a
+    ring of max(lags) + 1 snapshots holds it.
+    """
+
+    def __init__(self, lags: np.ndarray, first_iteration: int = 0, first_version: int = 0, run_ahead: int = 0) -> None:
+        self.lags = np.asarray(lags, np.int32)  # [I, S]: lag of sampler s's chunk in learner iteration t
+        self.first_iteration, self.first_version = int(first_iteration), int(first_version)
+        self.run_ahead = max(int(run_ahead), 0)
+        self._turn = threading.Condition(threading.Lock())
+        self._next = 0  # chunks delivered since first_iteration: the next one in turn
+
+    @property
+    def num_iterations(self) -> int:
+        return int(self.lags.shape[0])
+
+    @property
+    def num_samplers(self) -> int:
+        return int(self.lags.shape[1])
+
+    @property
+    def ring_size(self) -> int:
+        """Param versions the store must keep: the largest lag still to come, plus one."""
+        return int(self.lags[self.first_iteration:].max(initial=0)) + 1
+
+    def consumed_at(self, iteration: int) -> int:
+        """The learner's version when it consumes learner iteration `iteration`'s batch."""
+        return self.first_version + iteration - self.first_iteration
+
+    def version_for(self, iteration: int, sampler: int) -> int:
+        """The version sampler `sampler` acts with for learner iteration `iteration`."""
+        return scheduled_version(iteration, int(self.lags[iteration, sampler]), self.first_iteration, self.first_version)
+
+    def ready_version(self, iteration: int, sampler: int) -> int:
+        """The learner version after which the sampler may start that chunk."""
+        return max(self.version_for(iteration, sampler), self.consumed_at(iteration) - self.run_ahead)
+
+    def _index(self, iteration: int, sampler: int) -> int:
+        return (iteration - self.first_iteration) * self.num_samplers + sampler
+
+    def wait_turn(self, iteration: int, sampler: int, timeout: float) -> bool:
+        """Blocks until every chunk before (iteration, sampler) is delivered: True then, False on timeout."""
+        index, deadline = self._index(iteration, sampler), time.monotonic() + max(float(timeout), 0.0)
+        with self._turn:
+            while self._next < index:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._turn.wait(remaining)
+            return True
+
+    def delivered(self, iteration: int, sampler: int) -> None:
+        """The chunk (iteration, sampler) is in the buffer: the next one's turn."""
+        with self._turn:
+            self._next = self._index(iteration, sampler) + 1
+            self._turn.notify_all()
+
+
 class LearnerState(NamedTuple):
     """The learner's state after an iteration: everything a resumed run restores."""
 
@@ -112,6 +187,7 @@ class RunShared:
     learner_heartbeat: Heartbeat = field(default_factory=Heartbeat)
     logger_heartbeat: Heartbeat = field(default_factory=Heartbeat)  # the calling thread's
     max_queue_depth: int = 0  # most iterations ever waiting for the logger
+    plan: LagPlan | None = None  # a barrier run's lag schedule and delivery order (None: lag from timing)
     # The lag knobs in force: the config's, replaced as a whole by the KL controller (readers
     # take one reference per step, so each sees a consistent set)
     knobs: kl_control.LagKnobs = field(init=False)
