@@ -5,7 +5,7 @@ The flags are parsed by tyro over a default built before the parse (`prepare`): 
 file's fields, and the env's preset on the fields the file leaves out (the env, and the mode,
 as the flags or the file say). A flag overrides its default either way, so the preset fills
 exactly what neither the file nor a flag sets. With `--resume RUN_DIR` the default is the
-run's own config and only `--quiet` and `--total-env-steps N` may change it.
+run's own config and only `--quiet`, `--timings` and `--total-env-steps N` may change it.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class TrainRun:
 
     cfg: Config
     quiet: bool = False
+    timings: bool = False
     config: str | None = None
     resume: str | None = None
     preset: dict = dataclasses.field(default_factory=dict)
@@ -68,16 +69,18 @@ class TrainCommand:
     field is a flag; flags override the config of --config FILE, and the env's preset
     (docs/reference/presets.md) fills the fields neither sets. Writes RUN_DIR/config.json and
     RUN_DIR/metrics.jsonl. With a run directory, train --resume RUN_DIR continues that run from
-    its latest checkpoint instead (other options: only --quiet, and --total-env-steps N to
-    extend it)."""
+    its latest checkpoint instead (other options: only --quiet, --timings, and
+    --total-env-steps N to extend it)."""
 
     cfg: Annotated[CliConfig, tyro.conf.arg(name="")] = dataclasses.field(default_factory=CliConfig)
     quiet: bool = False
     """No progress bar or start line; still prints the one-line summary (final return, run dir)."""
+    timings: bool = False
+    """Also print where the seconds before the first result went: before train() (interpreter, imports), set-up (env, programs), tracing, lowering, XLA compile, the writers, the first iteration. Every run writes them to RUN_DIR/startup.json."""
     config: Annotated[str | None, tyro.conf.arg(metavar="FILE")] = None
     """JSON or YAML file with a (partial, nested) config; command-line flags override it."""
     resume: Annotated[str | None, tyro.conf.arg(metavar="RUN_DIR")] = None
-    """Continue the run in RUN_DIR from its latest complete checkpoint, with the config in RUN_DIR/config.json (other flags: only --quiet, and --total-env-steps N to extend it)."""
+    """Continue the run in RUN_DIR from its latest complete checkpoint, with the config in RUN_DIR/config.json (other flags: only --quiet, --timings, and --total-env-steps N to extend it)."""
     preset: tyro.conf.Suppress[dict] = dataclasses.field(default_factory=dict)
     """The env preset's fields in the default (dotted field -> value)."""
     given: tyro.conf.Suppress[tuple] = ()
@@ -103,7 +106,8 @@ class TrainCommand:
         config = Config(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)}, "run_dir": run_dir})
         check_given_apply(config, self.given)  # a field set by hand that this run never reads, whatever its value
         applied = {path: value for path, value in self.preset.items() if get_path(config, path) == value}
-        return TrainRun(cfg=config, quiet=self.quiet, config=self.config, resume=self.resume, preset=applied)
+        return TrainRun(cfg=config, quiet=self.quiet, timings=self.timings, config=self.config, resume=self.resume,
+                        preset=applied)
 
     def run(self) -> int:
         run = self.resolved()
@@ -131,12 +135,13 @@ class _ResumeOptions:
 
     resume: str
     quiet: bool = False
+    timings: bool = False
     total_env_steps: int | None = None
 
 
 def _resume_refusal(tokens: list[str]) -> str:
     return (f"train --resume takes the config from RUN_DIR/config.json; unexpected arguments {tokens} "
-            "(only --quiet and --total-env-steps N are allowed)")
+            "(only --quiet, --timings and --total-env-steps N are allowed)")
 
 
 def prepare(args: Sequence[str], join: bool = False) -> tuple[list[str], TrainCommand]:
@@ -300,12 +305,16 @@ def run_train(run: TrainRun) -> int:
             print(f"warning: {message}", flush=True)
     if run.quiet:
         print(f"final return (mean of last 10% of iterations): {finals}; run dir: {config.run_dir}", flush=True)
-        return 0
-    steps = config.num_iterations * config.batch_size
-    sps = steps * config.num_seeds / max(result.run_seconds, 1e-9)
-    print(f"done: {steps} env steps per seed in {result.run_seconds:.1f}s (+{result.compile_seconds:.1f}s compile), "
-          f"{sps:,.0f} env steps/s; final return (mean of last 10% of iterations): {finals}", flush=True)
-    print(f"metrics: {os.path.join(config.run_dir, 'metrics.jsonl')}", flush=True)
+    else:
+        steps = config.num_iterations * config.batch_size
+        sps = steps * config.num_seeds / max(result.run_seconds, 1e-9)
+        print(f"done: {steps} env steps per seed in {result.run_seconds:.1f}s (+{result.compile_seconds:.1f}s compile), "
+              f"{sps:,.0f} env steps/s; final return (mean of last 10% of iterations): {finals}", flush=True)
+        print(f"metrics: {os.path.join(config.run_dir, 'metrics.jsonl')}", flush=True)
+    if run.timings and result.extras.get("startup"):
+        from ppo_async.run.startup import STARTUP_FILE, describe
+
+        print(f"{describe(result.extras['startup'])} ({os.path.join(config.run_dir, STARTUP_FILE)})", flush=True)
     return 0
 
 

@@ -21,6 +21,7 @@ from ppo_async.modes.common import seed_labels
 from ppo_async.modes.registry import Mode, get_mode
 from ppo_async.run.checkpoint import Checkpointer
 from ppo_async.run.result import TrainResult
+from ppo_async.run.startup import StartupClock
 from ppo_async.run.rundir import CONFIG_FILE, check_can_start, checkpoint_dir, read_run_config, restore_checkpoint
 
 
@@ -34,8 +35,10 @@ def train(
     """Trains `config.num_seeds` seeds of PPO in `config.mode` and returns a `TrainResult`.
 
     With `config.run_dir` set it writes RUN_DIR/config.json, metrics.jsonl, checkpoints/
-    (every `config.checkpoint_every` iterations and at the end), TensorBoard events in tb/ and,
-    once the run is done, the PNG plots of `plots.plot_run`. A run directory that already
+    (every `config.checkpoint_every` iterations and at the end), TensorBoard events in tb/,
+    at the first result startup.json (where the seconds before it went: imports, env, tracing,
+    XLA compile, the first iteration; `ppo_async.run.startup`, also in
+    `TrainResult.extras["startup"]`) and, once the run is done, the PNG plots of `plots.plot_run`. A run directory that already
     holds a run is refused unless `config.overwrite` (then it is reset); a non-empty directory
     that is not a run directory is always refused. Both are checked before compiling.
 
@@ -51,6 +54,16 @@ def train(
         exactly and makes its lag anew, `Mode.resumes_learner`). `TrainResult.metrics` then
         holds the earlier rows too. On Ctrl-C a line on stderr says how to resume the run.
     """
+    clock = StartupClock()  # where the seconds to the first result go (RUN_DIR/startup.json)
+    try:
+        return _train(config, clock, progress, on_iteration, resume)
+    finally:
+        clock.stop()
+
+
+def _train(config: Config, clock: StartupClock, progress: bool,
+           on_iteration: Callable[[list[dict[str, Any]]], None] | None, resume: bool) -> TrainResult:
+    """`train`, its start timed by `clock`."""
     check_config_type(config)
     check_fits_machine(config)  # before anything is allocated or compiled
     mode = get_mode(config.mode)
@@ -70,7 +83,7 @@ def train(
     labels = seed_labels(config)
     log = process_log_path(config.run_dir, process) if is_multi_process(config) and config.run_dir else None
     recorder = RunRecorder(config, labels, progress=progress and process == 0, on_iteration=on_iteration,
-                           writes_files=process == 0, process_log=log)
+                           writes_files=process == 0, process_log=log, startup=clock)
     try:
         return mode.run(config, recorder, resume)
     except KeyboardInterrupt:  # Ctrl-C: say how to continue (the mode kept what was done)

@@ -24,6 +24,7 @@ plain uint32 arrays and stored as such.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
@@ -33,10 +34,19 @@ import numpy as np
 
 __all__ = ["Checkpointer", "CheckpointError"]
 
-try:  # the name of the file orbax writes last into a step directory, before the rename
-    from orbax.checkpoint._src.path.atomicity import COMMIT_SUCCESS_FILE as _COMMIT_FILE
-except Exception:  # pragma: no cover - private location moved
-    _COMMIT_FILE = "commit_success.txt"
+
+@functools.cache
+def _commit_file() -> str:
+    """The name of the file orbax writes last into a step directory, before the rename. Read
+    when a Checkpointer first needs it (orbax is imported by then): importing this module
+    imports no orbax, so a run without a run directory never does, and one with a run
+    directory not before its first checkpoint (`RunRecorder` makes its Checkpointer then)."""
+    try:
+        from orbax.checkpoint._src.path.atomicity import COMMIT_SUCCESS_FILE
+    except Exception:  # pragma: no cover - private location moved
+        return "commit_success.txt"
+    return COMMIT_SUCCESS_FILE
+
 
 _LAYOUT_VERSION = 1
 _MAX_LISTED = 12
@@ -205,7 +215,7 @@ class Checkpointer:
 
     def _is_complete(self, step: int) -> bool:
         d = self._step_dir(step)
-        return os.path.isfile(os.path.join(d, _COMMIT_FILE)) and os.path.isdir(os.path.join(d, "layout"))
+        return os.path.isfile(os.path.join(d, _commit_file())) and os.path.isdir(os.path.join(d, "layout"))
 
     def all_steps(self) -> list[int]:
         """Steps of the complete checkpoints on disk, ascending."""
@@ -249,7 +259,7 @@ class Checkpointer:
         # (A temp dir left by a killed save of this step is replaced by orbax itself.)
         if os.path.exists(self._step_dir(step)):
             raise CheckpointError(
-                f"{self._step_dir(step)} exists but is not a complete checkpoint (no {_COMMIT_FILE}); "
+                f"{self._step_dir(step)} exists but is not a complete checkpoint (no {_commit_file()}); "
                 "remove it by hand if it is garbage"
             )
         layout = {"version": _LAYOUT_VERSION, "leaves": _layout(state)}

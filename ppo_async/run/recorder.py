@@ -41,6 +41,7 @@ from ppo_async.report.metrics import (
     scalar_items,
 )
 from ppo_async.run.result import TrainResult
+from ppo_async.run.startup import STARTUP_FILE, StartupClock
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes use seed + this (never a training key)
 LOSS_FIELDS = ("policy_loss", "value_loss", "entropy", "approx_kl")
@@ -186,6 +187,9 @@ class RunRecorder:
       writes_files: False for the processes > 0 of a multi-process run: they write no run
         directory, W&B or evaluation (process 0 does) - only `process_log`.
       process_log: a file this process's log lines go to (`log_line`), in a multi-process run.
+      startup: the clock of the run's start (`train()` makes one): told when the writers are
+        open and when the first iteration is recorded; its breakdown goes to
+        RUN_DIR/startup.json at the first result and to `TrainResult.extras["startup"]`.
     """
 
     def __init__(
@@ -198,12 +202,14 @@ class RunRecorder:
         keep_rows: bool = True,
         writes_files: bool = True,
         process_log: str | None = None,
+        startup: StartupClock | None = None,
     ) -> None:
         self.config = config
         self.labels = [dict(label) for label in labels]
         self.writes_files = writes_files
         self.run_dir = config.run_dir if writes_files else None
         self.process_log = process_log
+        self.startup = startup
         self._process_log: Any = None
         self.progress = progress
         self.on_iteration = on_iteration
@@ -223,6 +229,7 @@ class RunRecorder:
         self._eval_play: Any = None  # the compiled evaluation episodes, built at the first evaluation
         self._first_warnings: dict[str, str] = {}  # kind -> message of its first appearance
         self._writer = self._tb = self._wandb = self._checkpointer = self._bar = None
+        self._checkpoint_dir: str | None = None  # set when open; the Checkpointer is made at the first save
         self._schedule_files: dict[str, Any] = {}  # filename -> open append handle (run_dir)
         self._schedules: dict[str, list[dict[str, Any]]] = {}  # filename -> records (no run_dir)
         self._open = False
@@ -278,14 +285,18 @@ class RunRecorder:
         """Prepares the run directory (fresh: create or reset; resumed: keep) and opens the writers."""
         config, run_dir = self.config, self.run_dir
         resuming = self.resumed_meta is not None
+        t0 = time.perf_counter()
         try:
             if run_dir:
                 if not resuming:
                     rundir.prepare_fresh(run_dir)
                 rundir.write_config(run_dir, config)
+                if os.path.isfile(os.path.join(run_dir, STARTUP_FILE)):  # an earlier process's start
+                    os.remove(os.path.join(run_dir, STARTUP_FILE))
                 self._writer = JsonlWriter(os.path.join(run_dir, rundir.METRICS_FILE), append=resuming)
                 self._tb = make_tb_writer(run_dir, config, self.first_iteration)
-                self._checkpointer = Checkpointer(rundir.checkpoint_dir(run_dir), max_to_keep=config.keep_checkpoints)
+                # the Checkpointer (orbax) is made at the first save: not before the first result
+                self._checkpoint_dir = rundir.checkpoint_dir(run_dir)
             if self.writes_files:
                 self._wandb = open_wandb(config)
             if self.process_log:
@@ -296,6 +307,8 @@ class RunRecorder:
             raise
         self._bar = Progress(config.num_iterations * config.batch_size, enabled=self.progress, desc=f"{config.env} {config.mode}")
         self._open = True
+        if self.startup is not None:
+            self.startup.writers_opened(time.perf_counter() - t0)
         return self
 
     def __enter__(self) -> "RunRecorder":
@@ -330,6 +343,7 @@ class RunRecorder:
         if self._wandb is not None:
             attempt(self._wandb.finish)
         self._writer = self._tb = self._wandb = self._checkpointer = self._bar = self._process_log = None
+        self._checkpoint_dir = None
         self._schedule_files = {}
         self._window = []
         self._open = False
@@ -401,8 +415,18 @@ class RunRecorder:
             self.save_checkpoint(iteration, snapshot, rows, None if mode_state is None else mode_state())
         if self._bar is not None:
             self._bar.update(int(rows[0]["env_steps"]), rows[0])
+        if self.startup is not None and self.startup.first_result_at is None:
+            self._first_result()
         if self.on_iteration is not None:
             self.on_iteration(rows)
+
+    def _first_result(self) -> None:
+        """The first iteration is recorded: the start is over; its breakdown goes to
+        RUN_DIR/startup.json (`ppo_async.run.startup`)."""
+        self.startup.first_result()
+        if self.run_dir:
+            with open(os.path.join(self.run_dir, STARTUP_FILE), "w", encoding="utf-8") as f:
+                json.dump(self.startup.breakdown(), f, indent=2)
 
     def _write_rows(self, window: list[list[dict[str, Any]]]) -> None:
         """Writes one row per label for the iterations of `window` (`aggregate_rows` when
@@ -454,8 +478,10 @@ class RunRecorder:
                         mode_state: dict[str, Any] | None = None) -> None:
         """Writes checkpoint `iteration` with the metadata a resume needs (counters per row; a
         mode's own JSON state, e.g. a threaded learner's RNG key, under `mode_state`)."""
-        if self._checkpointer is None:
+        if self._checkpoint_dir is None:
             return
+        if self._checkpointer is None:
+            self._checkpointer = Checkpointer(self._checkpoint_dir, max_to_keep=self.config.keep_checkpoints)
         meta = {
             "format": rundir.CHECKPOINT_FORMAT,
             "mode": self.config.mode,
@@ -474,7 +500,7 @@ class RunRecorder:
 
     def final_checkpoint(self, state: Callable[[], Any], mode_state: Callable[[], dict[str, Any]] | None = None) -> None:
         """Checkpoints the last recorded iteration unless it was just saved (runs stopped early)."""
-        if self._checkpointer is not None and self.last_iteration > self.last_saved_iteration and self._last_rows:
+        if self._checkpoint_dir is not None and self.last_iteration > self.last_saved_iteration and self._last_rows:
             if self._window:
                 self._write_rows(self._window)  # the checkpoint's rows are on disk before it
             self.save_checkpoint(self.last_iteration, state(), self._last_rows, None if mode_state is None else mode_state())
@@ -519,6 +545,8 @@ class RunRecorder:
             plot_run(self.run_dir)
         extras = dict(extras or {})
         extras["warnings"] = list(self.warnings)
+        if self.startup is not None:
+            extras["startup"] = self.startup.breakdown()
         if self.resumed_meta is not None:
             extras["first_iteration"] = self.first_iteration
         metrics = MetricsLog.from_file(os.path.join(self.run_dir, rundir.METRICS_FILE)) if self.run_dir else self.rows

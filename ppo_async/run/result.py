@@ -7,7 +7,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ppo_async.report import analysis
 from ppo_async.report.metrics import MetricsLog
 from ppo_async.config import Config
 from ppo_async.run.policy import Policy
@@ -63,6 +62,8 @@ class TrainResult:
 
         Reads only the `seed` and `episode_return` columns, so that the end of a long run (the
         `train` command prints these) does not hold every row."""
+        from ppo_async.report import analysis  # pandas: imported when asked, after the run, not before its first result
+
         frame = self.to_dataframe(columns=("seed", "episode_return"))
         return np.asarray(analysis.final_returns(frame, last_fraction), dtype=float)
 
