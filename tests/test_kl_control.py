@@ -1,9 +1,13 @@
-"""The online KL controller (`ppo_async.core.kl_control`): its law on a synthetic plant without
-threads, its bounds, and one threaded run that it steers."""
+"""The online KL controller (`ppo_async.core.kl_control`): its two actuators (lag knobs for the
+staleness part, learning rate for the update part) and its margin on a synthetic plant and on
+scripted KL sequences without threads, its bounds, its state through JSON, and threaded runs
+that it steers (one resumed from a checkpoint)."""
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,19 +15,24 @@ import pytest
 import ppo_async as pa
 from ppo_async.core import kl_control
 from ppo_async.config import ConfigError, ThreadedConfig
-from ppo_async.core.kl_control import ControllerLimits, LagKnobs, decrease, increase, initial_state, step
+from ppo_async.core.kl_control import (
+    KNOB_BAND, LR_FACTOR, ControllerLimits, KlSample, LagKnobs, aims_of, decrease, increase, initial_state, quantile,
+    step,
+)
 
 
 class Plant:
     """A toy asynchronous run: sampler i makes `rates[i]` chunks per learner iteration (sampler
     bound when their sum is under 1, else the buffer fills up to `capacity`); the mean lag is
     the buffer's residency plus each sampler's versions per rollout (1 / its rate) plus
-    refresh_lag - 1, capped by max_lag; KL = kl_per_lag * mean lag + kl_floor (the update's own
-    KL), with seeded noise."""
+    refresh_lag - 1, capped by max_lag. The update part is `update` x lr_scale^2 (KL grows as
+    the square of the step), the staleness part `per_lag` x lag x the update part (a sample L
+    versions old is L updates behind), the cross term `cross` x sqrt(staleness x update); each
+    part with seeded log-normal noise of relative spread `noise`."""
 
-    def __init__(self, rates, capacity=16, kl_per_lag=0.002, kl_floor=0.006, noise=0.1, seed=0):
+    def __init__(self, rates, capacity=16, update=0.006, per_lag=0.4, cross=0.5, noise=0.3, seed=0):
         self.rates, self.capacity = np.asarray(rates, float), capacity
-        self.kl_per_lag, self.kl_floor, self.noise = kl_per_lag, kl_floor, noise
+        self.update, self.per_lag, self.cross, self.noise = update, per_lag, cross, noise
         self.rng = np.random.default_rng(seed)
 
     def lag(self, knobs: LagKnobs) -> float:
@@ -36,34 +45,43 @@ class Plant:
     def throughput(self, knobs: LagKnobs) -> float:
         return min(float(self.rates[list(knobs.active)].sum()), 1.0)
 
-    def kl(self, knobs: LagKnobs) -> float:
-        return (self.kl_floor + self.kl_per_lag * self.lag(knobs)) * (1 + self.noise * self.rng.standard_normal())
+    def kl(self, state) -> KlSample:
+        noise = lambda: math.exp(self.noise * self.rng.standard_normal() - self.noise ** 2 / 2)  # noqa: E731  mean 1
+        update = self.update * state.lr_scale ** 2
+        staleness = self.per_lag * self.lag(state.knobs) * update * noise()
+        update *= noise()
+        return KlSample(staleness + update + self.cross * math.sqrt(staleness * update), staleness, update)
 
 
 def drive(plant: Plant, limits: ControllerLimits, iterations: int, state=None):
-    """Runs the controller on the plant; returns (kl per iteration, states)."""
+    """Runs the controller on the plant; returns (approx_kl per iteration, states)."""
     state = state or initial_state(limits)
     kls, states = [], []
     for _ in range(iterations):
-        kl = plant.kl(state.knobs)
+        kl = plant.kl(state)
         state = step(limits, state, kl, int(math.ceil(plant.lag(state.knobs))), list(plant.rates))
-        kls.append(kl)
+        kls.append(kl.total)
         states.append(state)
     return np.asarray(kls), states
 
 
-def test_holds_the_target_from_a_bad_setting_with_a_straggler():
-    # four samplers, one 4x slower; together they out-produce the learner, so the buffer fills
-    plant = Plant(rates=[0.4, 0.4, 0.4, 0.1])
-    limits = ControllerLimits(target=0.02, window=8, num_samplers=4, refresh_lag=4, max_lag=None)
-    kls, states = drive(plant, limits, 400)
-    assert kls[:8].mean() > 1.5 * 0.02  # the bad setting: lag ~ 16 + 3 versions
-    post = kls[100:]
-    assert np.mean(post <= 1.25 * 0.02) >= 0.8
-    final = states[-1].knobs
-    assert final.refresh_lag == 1  # the cheapest rung went first
-    assert final.max_lag is not None and final.max_lag <= 8  # then the buffer's effective depth
-    assert plant.throughput(final) == 1.0  # the lag was residency: capping it cost no throughput
+def test_holds_the_iterations_from_a_bad_setting_with_a_straggler():
+    """The issue's case: four samplers, one 4x slower, out-producing the learner (the buffer
+    fills), and an update alone above the target. The lag knobs cut the staleness, the learning
+    rate the update; about the stated fraction (0.8) of the iterations land under the target."""
+    plant = Plant(rates=[0.4, 0.4, 0.4, 0.1], update=0.011)
+    limits = ControllerLimits(target=0.008, window=8, num_samplers=4, refresh_lag=4, max_lag=None)
+    kls, states = drive(plant, limits, 600)
+    assert kls[:8].mean() > 5 * 0.008  # the bad setting: lag ~ 16 + 3 versions
+    post = kls[150:]
+    assert 0.7 <= np.mean(post <= 0.008) <= 0.9
+    assert np.mean(post <= 1.25 * 0.008) >= 0.8
+    final = states[-1]
+    assert final.knobs.refresh_lag == 1  # the cheapest rung went first
+    assert final.knobs.max_lag is not None and final.knobs.max_lag <= 4  # then the buffer's effective length
+    assert plant.throughput(final.knobs) == 1.0  # the lag was residency: capping it cost no throughput
+    assert final.lr_scale < 1.0 and final.lr_adjustments > 0  # the update part needed the learning rate
+    assert 1.0 < final.aims.margin < 3.0
 
 
 def test_decrease_walks_the_ladder_in_order():
@@ -102,34 +120,127 @@ def test_increase_walks_back_up_and_lifts_a_cap_that_binds_nothing():
     assert increase(capped, LagKnobs((True,), 1, 4), 4, [1.0]).max_lag == 5  # never past the configured
 
 
-def test_window_warm_up_hysteresis_and_nan():
+def parts(staleness: float, update: float) -> KlSample:
+    """A sample with no cross term (approx_kl = staleness + update)."""
+    return KlSample(staleness + update, staleness, update)
+
+
+def run(limits: ControllerLimits, samples, state=None, lag_max: int = 4):
+    """The states after each scripted sample (every sampler at rate 1, `lag_max` each time)."""
+    state = state or initial_state(limits)
+    states = []
+    for sample in samples:
+        state = step(limits, state, sample, lag_max, [1.0] * limits.num_samplers)
+        states.append(state)
+    return states
+
+
+def test_warm_up_window_and_nan():
     limits = ControllerLimits(target=0.02, window=3, num_samplers=2, refresh_lag=1, max_lag=None)
-    state = initial_state(limits)
-    for kl in (0.05, float("nan"), 0.05):  # a NaN (nothing consumed) is not a measurement
-        state = step(limits, state, kl, 4, [1.0, 1.0])
-        assert state.action == 0 and state.knobs.num_active == 2 and state.kl_mean is None
-    state = step(limits, state, 0.05, 4, [1.0, 2.0])
-    assert state.action == -1 and state.knobs.max_lag == 2 and state.adjustments == 1
+    nan = KlSample(math.nan, math.nan, math.nan)
+    states = run(limits, [parts(0.05, 0.01), nan, parts(0.05, 0.01)])
+    for state in states:  # a NaN (nothing consumed) is not a measurement
+        assert (state.action, state.lr_action, state.kl_mean, state.aims) == (0, 0, None, None)
+    assert [s.reason for s in states] == ["warm-up: 1/3 iterations", "no KL measured (nothing consumed): hold",
+                                          "warm-up: 2/3 iterations"]
+    state = run(limits, [parts(0.05, 0.01)], states[-1])[0]
+    # the totals all 0.06 = the parts: margin 1, aims 0.01 each; staleness 0.05 > 0.01 x sqrt 2
+    assert state.aims == pytest.approx((1.0, 0.01, 0.01))
+    assert state.action == -1 and state.knobs.max_lag == 2 and state.adjustments == 1  # halved from the lag seen (4)
     assert state.kl_mean == pytest.approx(0.05) and state.kls == ()  # a fresh window after a change
-    for kl in (0.015, 0.015, 0.015):  # inside the band [0.5, 1] x target: hold
-        state = step(limits, state, kl, 2, [1.0, 2.0])
-    assert state.action == 0 and state.knobs.max_lag == 2 and state.kl_mean == pytest.approx(0.015)
-    state = step(limits, state, 0.001, 2, [1.0, 2.0])  # the window (0.015, 0.015, 0.001): mean 0.0103, hold
-    assert state.action == 0
-    state = step(limits, state, 0.001, 2, [1.0, 2.0])  # (0.015, 0.001, 0.001): under half the target
-    assert state.action == 1 and state.knobs.max_lag == 3 and state.adjustments == 2  # the cap bound: + 1
-    metrics = kl_control.controller_metrics(state)
-    assert metrics == {"controller_kl_mean": pytest.approx(0.017 / 3), "controller_active_samplers": 2,
-                       "controller_refresh_lag": 1, "controller_max_lag": 3, "controller_action": 1,
-                       "controller_adjustments": 2}
+    assert state.lr_action == 0  # the update (0.01) sits at its aim
+    assert state.reason.startswith("staleness 0.05 > aim 0.01 x 1.41: max_lag None->2; update 0.01 within aim 0.01")
+    assert len(state.history) == 3
 
 
-def test_unreachable_target_ends_at_the_floor_and_stops_moving():
-    plant = Plant(rates=[0.5, 0.5], kl_floor=0.05, noise=0.0)  # the update alone exceeds the target
-    limits = ControllerLimits(target=0.02, window=4, num_samplers=2, refresh_lag=2, max_lag=None)
+def test_holds_when_both_parts_are_inside():
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
+    states = run(limits, [parts(0.012, 0.008)] * 10)  # aims 0.01 each: inside both bands
+    assert all(s.action == 0 and s.lr_action == 0 for s in states)
+    last = states[-1]
+    assert (last.knobs, last.lr_scale, last.adjustments, last.lr_adjustments) == (initial_state(limits).knobs, 1.0, 0, 0)
+    assert "hold" in last.reason and "lr hold" in last.reason
+
+
+def test_staleness_over_its_band_lowers_the_knobs_and_holds_the_learning_rate():
+    """The knobs go down; the learning rate is not raised while the staleness is over its band,
+    even though the update part is under its own (a larger step makes the next samples staler)."""
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
+    states = run(limits, [parts(0.016, 0.004)] * 4)
+    assert [s.action for s in states] == [0, -1, 0, -1]  # a decision per full window
+    assert states[1].knobs == LagKnobs((True, True), 1, 2) and states[3].knobs == LagKnobs((True, True), 1, 1)
+    assert all(s.lr_scale == 1.0 and s.lr_action == 0 for s in states)
+
+
+def test_update_over_its_band_lowers_the_learning_rate_to_its_bound():
+    """learning_rate 3e-6: the scale may go down to 1e-6 / 3e-6 = 1/3 (rl_games' lr floor)."""
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None, learning_rate=3e-6)
+    states = run(limits, [parts(0.004, 0.016)] * 6)
+    assert [s.lr_action for s in states] == [0, -1, -1, -1, 0, 0]  # one decision per iteration after the warm-up
+    assert [s.lr_scale for s in states[1:4]] == pytest.approx([1 / LR_FACTOR, 1 / LR_FACTOR ** 2, 1 / 3])
+    assert states[-1].reason.endswith("lr scale at its bound 0.333: hold")
+    assert all(s.knobs == initial_state(limits).knobs for s in states)  # already at their configured values
+    assert "knobs at their configured values" in states[-1].reason
+
+
+def test_both_under_their_bands_raise_the_knobs_and_the_learning_rate_to_its_bound():
+    """learning_rate 4e-3: the scale may go up to 1e-2 / 4e-3 = 2.5 (rl_games' lr ceiling)."""
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None, learning_rate=4e-3)
+    tight = replace(initial_state(limits), knobs=LagKnobs((True, False), 1, 1))
+    states = run(limits, [parts(0.004, 0.004)] * 8, tight, lag_max=1)
+    # one knob step per full window (2 iterations): the paused sampler first, then max_lag + 1
+    # (lag 1 reached the cap of 1), lifted once no lag reaches it, then refresh_lag + 1
+    assert [s.knobs for s in states[1::2]] == [LagKnobs((True, True), 1, 1), LagKnobs((True, True), 1, 2),
+                                               LagKnobs((True, True), 1, None), LagKnobs((True, True), 2, None)]
+    assert [s.lr_scale for s in states] == pytest.approx([1.0, 1.5, 2.25, 2.5, 2.5, 2.5, 2.5, 2.5])
+    assert states[-1].lr_adjustments == 3 and states[-1].adjustments == 4
+
+
+def test_at_the_knobs_floor_the_learning_rate_takes_the_staleness_decrease():
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
+    floor = replace(initial_state(limits), knobs=LagKnobs((True, False), 1, 1))
+    states = run(limits, [parts(0.016, 0.004)] * 4, floor, lag_max=1)
+    assert [s.lr_action for s in states] == [0, -1, 0, -1]  # once per staleness window: it starts again
+    assert [s.action for s in states] == [0, 0, 0, 0] and states[1].kls == ()
+    assert states[1].reason == ("staleness 0.016 > aim 0.01 x 1.41, knobs at their floor; "
+                                "staleness over its aim at the knobs' floor: lr scale 0.667")
+
+
+def test_the_margin_from_the_spread_hand_values():
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=1, refresh_lag=1, max_lag=None, quantile=0.8)
+    history = [(t, t / 2, t / 2) for t in (0.01, 0.02, 0.03, 0.04, 0.05)]
+    # Q_0.8 = 0.04 + 0.2 x 0.01 = 0.042 over a mean of the parts of 0.03: margin 1.4
+    aims = aims_of(limits, history)
+    assert aims == pytest.approx((1.4, 0.01 / 1.4, 0.01 / 1.4))
+    assert quantile([t for t, _, _ in history], 0.8) == pytest.approx(np.quantile([0.01, 0.02, 0.03, 0.04, 0.05], 0.8))
+    assert aims_of(limits, [(0.01, 0.01, 0.01)]).margin == 1.0  # the cross term took some: never above the target
+    assert aims_of(limits, [(0.5, 0.001, 0.001)]).margin == kl_control.MARGIN_MAX
+    assert aims_of(limits, [(0.0, 0.0, 0.0)]).margin == 1.0
+    assert KNOB_BAND == pytest.approx(math.sqrt(2))
+
+
+def test_the_state_round_trips_through_json_and_an_older_checkpoint_gets_defaults():
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=3, refresh_lag=2, max_lag=None)
+    state = run(limits, [parts(0.03, 0.02), parts(0.03, 0.025), parts(0.03, 0.03)])[-1]
+    assert state.aims is not None and state.history and state.lr_scale != 1.0
+    back = kl_control.state_from_dict(json.loads(json.dumps(kl_control.state_to_dict(state))))
+    assert back == state
+    old = {"knobs": {"active": [True, False, True], "refresh_lag": 2, "max_lag": None}, "kls": [0.01], "lag_max": 3,
+           "kl_mean": 0.015, "action": -1, "adjustments": 4}  # as written before the learning rate was controlled
+    restored = kl_control.state_from_dict(old)
+    assert restored.knobs == LagKnobs((True, False, True), 2, None) and restored.adjustments == 4
+    assert (restored.lr_scale, restored.history, restored.aims) == (1.0, (), None)
+
+
+def test_unreachable_target_ends_at_every_floor_and_stops_moving():
+    """The update alone exceeds the target and the learning rate is already at rl_games' floor
+    (1e-6): every lag knob goes to its floor, the rate stays, and nothing moves after that."""
+    plant = Plant(rates=[0.5, 0.5], update=0.05, noise=0.0)
+    limits = ControllerLimits(target=0.02, window=4, num_samplers=2, refresh_lag=2, max_lag=None, learning_rate=1e-6)
     _, states = drive(plant, limits, 200)
     assert states[-1].knobs == LagKnobs((True, False), 1, 1)
-    assert states[-1].adjustments == states[100].adjustments  # no churn once nothing can move
+    assert states[-1].lr_scale == 1.0 and states[-1].reason.endswith("lr scale at its bound 1: hold")
+    assert (states[-1].adjustments, states[-1].lr_adjustments) == (states[100].adjustments, states[100].lr_adjustments)
 
 
 def test_controller_config_errors():
@@ -139,39 +250,110 @@ def test_controller_config_errors():
         ThreadedConfig(kl_target=0.02, barrier=True)
     with pytest.raises(ConfigError, match=r"threaded.kl_window = 4 is invalid: needs threaded.kl_target"):
         ThreadedConfig(kl_window=4)
+    with pytest.raises(ConfigError, match=r"threaded.kl_quantile = 0.9 is invalid: needs threaded.kl_target"):
+        ThreadedConfig(kl_quantile=0.9)
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ConfigError, match=rf"threaded.kl_quantile = {bad} is invalid: must lie in \(0, 1\)"):
+            ThreadedConfig(kl_target=0.02, kl_quantile=bad)
     with pytest.raises(ConfigError, match=r"threaded.kl_target .* only in mode='threaded'"):
         pa.Config(mode="sync", threaded=ThreadedConfig(kl_target=0.02))
+    assert ThreadedConfig(kl_target=0.02).effective_kl_quantile == 0.8
     with pytest.raises(ValueError, match="sampler_rates has 1 entries, expected 2"):
         limits = ControllerLimits(target=0.02, window=1, num_samplers=2, refresh_lag=1, max_lag=None)
-        step(limits, initial_state(limits), 0.01, 1, [1.0])
+        step(limits, initial_state(limits), parts(0.01, 0.01), 1, [1.0])
+    with pytest.raises(ValueError, match="quantile = 1.0 must lie in"):
+        ControllerLimits(target=0.02, window=1, num_samplers=2, refresh_lag=1, max_lag=None, quantile=1.0)
+
+
+def test_controller_limits_of_a_config():
+    from ppo_async.modes.threaded import controller_limits
+
+    config = pa.Config(mode="threaded", ppo=pa.PPOConfig(learning_rate=1e-3),
+                       threaded=ThreadedConfig(num_samplers=3, refresh_lag=2, kl_target=0.01, kl_quantile=0.9))
+    assert controller_limits(config) == ControllerLimits(0.01, 8, 3, 2, None, 1e-3, 0.9)
+    assert controller_limits(config.replace(threaded=ThreadedConfig())) is None
 
 
 def test_threaded_run_steered_to_the_floor_by_an_unreachable_target():
     """A target no update can meet: the controller pauses samplers down to one and tightens
-    max_lag to 1; the paused samplers stop producing, the learner drops what is staler, and
-    the sample accounting holds at every row (the recorder checks it)."""
+    max_lag to 1 and the learning rate falls; the paused samplers stop producing, the learner
+    drops what is staler and trains at the rate the controller set (the row's learning_rate is
+    ppo.learning_rate x the scale the previous row's decision left), and the sample accounting
+    holds at every row (the recorder checks it)."""
     config = pa.Config(
         mode="threaded", total_env_steps=128 * 40, rollout=pa.RolloutConfig(num_envs=8, num_steps=16),
-        ppo=pa.PPOConfig(num_epochs=2, num_minibatches=2),
+        ppo=pa.PPOConfig(num_epochs=2, num_minibatches=2, anneal_lr=False),
         threaded=ThreadedConfig(num_samplers=3, refresh_lag=2, buffer_capacity=6 * 128, kl_target=1e-6, kl_window=2),
     )
     rows = pa.train(config, progress=False).metrics
-    first, last = rows[0], rows[-1]
+    last = rows[-1]
     knobs = [(r["controller_active_samplers"], r["controller_refresh_lag"], r["controller_max_lag"]) for r in rows]
     assert knobs[0] == (3, 2, None) and (1, 1, 1) in knobs
-    # Every adjustment is one row's action. Once, in a full suite run, one adjustment was an
-    # increase (+1): a window mean under half of 1e-6, which a near-zero update on few kept
-    # samples can give ((r - 1) - log r is ~x^2 / 2 and rounds to 0 in float32 for |x| < ~3e-4),
-    # so one resumed sampler after the floor is allowed.
     actions = [r["controller_action"] for r in rows]
     assert sum(a != 0 for a in actions) == last["controller_adjustments"] and actions.count(-1) >= 3
-    assert (last["controller_refresh_lag"], last["controller_max_lag"]) == (1, 1) and last["controller_active_samplers"] <= 2
+    lr_actions = [r["controller_lr_action"] for r in rows]
+    assert sum(a != 0 for a in lr_actions) == last["controller_lr_adjustments"] and lr_actions.count(-1) >= 3
+    assert last["controller_lr_scale"] < 1.0 and all(isinstance(r["controller_reason"], str) for r in rows)
+    lr = config.ppo.learning_rate
+    for before, row in zip(rows, rows[1:]):
+        assert row["learning_rate"] == pytest.approx(lr * before["controller_lr_scale"], rel=1e-6)
     tightened = next(i for i, r in enumerate(rows) if r["controller_max_lag"] == 1)
-    later = rows[tightened + 1:]  # the learner's stale filter follows from the next iteration on
+    later = [r for r in rows[tightened + 1:] if r["controller_max_lag"] == 1]
     assert later and all(r["dropped_stale"] == sum(r["lag_histogram"][2:]) for r in later)
     assert all(r["samples_produced"] == r["samples_consumed"] + r["samples_dropped"] + r["samples_resident"] for r in rows)
-    paused = [i for i, s in enumerate(last["sampler_paused_s"]) if s > 0]
-    assert len(paused) == 2
+    assert any(s > 0 for s in last["sampler_paused_s"])
+
+
+class Stop(Exception):
+    pass
+
+
+def test_the_learning_rate_scale_survives_a_threaded_resume(tmp_path, monkeypatch):
+    """Stopped after iteration 5 (checkpoint at 4) and resumed: the learner starts with the
+    controller's state of iteration 4, its hyperparameters' learning rate is ppo.learning_rate x
+    that scale, the restored optimiser state says the rate iteration 4 trained with, and the
+    first resumed iteration trains with the restored scale."""
+    from ppo_async.modes import threaded as threaded_module
+
+    saved, started = {}, {}
+    real_mode_state, real_init = threaded_module.run.mode_state, threaded_module.learner.Learner.__init__
+
+    def spy_mode_state(state, row):
+        saved[row["iteration"]] = state
+        return real_mode_state(state, row)
+
+    def spy_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        started.update(control=self.control, learning_rate=float(self.hparams.learning_rate),
+                       opt_rate=float(np.asarray(self.train_state.opt_state.hyperparams["learning_rate"])))
+
+    def stop_at_5(rows):
+        if rows[0]["iteration"] == 5:
+            raise Stop
+
+    monkeypatch.setattr(threaded_module.run, "mode_state", spy_mode_state)
+    config = pa.Config(mode="threaded", total_env_steps=7 * 128, run_dir=str(tmp_path / "r"), checkpoint_every=2,
+                       rollout=pa.RolloutConfig(num_envs=8, num_steps=16), ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2),
+                       network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)),
+                       threaded=ThreadedConfig(num_samplers=2, kl_target=1e-6, kl_window=1))
+    with pytest.raises(Stop):
+        pa.train(config, on_iteration=stop_at_5)
+    first_rows = pa.read_jsonl(str(tmp_path / "r" / "metrics.jsonl"))
+    before = saved[4].control
+    assert before.lr_scale < 1.0  # the controller had lowered the rate: restoring it matters
+    monkeypatch.setattr(threaded_module.learner.Learner, "__init__", spy_init)
+    rows = pa.resume(str(tmp_path / "r")).metrics
+    assert started["control"] == before
+    assert started["learning_rate"] == pytest.approx(config.ppo.learning_rate * before.lr_scale, rel=1e-6)
+    # the optimiser state holds the rate of the last iteration up to the checkpoint that moved the
+    # version (an iteration whose samples were all stale keeps the state as it was)
+    versions = {r["iteration"]: r["learner_version"] for r in first_rows}
+    moved = max(i for i in range(1, 5) if versions[i] > versions.get(i - 1, 0))
+    assert started["opt_rate"] == pytest.approx(first_rows[moved - 1]["learning_rate"], rel=1e-6)
+    resumed = rows[4]
+    assert resumed["iteration"] == 5 and resumed["resumed_at_iteration"] == 4
+    frac = 1.0 - versions[4] / config.num_iterations  # annealed from the version it starts from
+    assert resumed["learning_rate"] == pytest.approx(config.ppo.learning_rate * frac * before.lr_scale, rel=1e-5)
 
 
 def test_pause_time_counts_the_pause_in_progress():

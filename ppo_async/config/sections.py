@@ -345,6 +345,7 @@ class LagConfig:
 DEFAULT_BUFFER_CHUNKS = 4
 
 DEFAULT_KL_WINDOW = 8  # learner iterations per KL-controller decision (threaded.kl_window = None)
+DEFAULT_KL_QUANTILE = 0.8  # fraction of iterations the KL controller holds under its target (threaded.kl_quantile = None)
 
 @record_given
 @dataclass(frozen=True)
@@ -376,9 +377,11 @@ class ThreadedConfig:
     learner_devices: tuple[int, ...] = ()
     """Indices into jax.devices() of the data-parallel learner (shard_map over them; one = plain jit); () = auto (device 0, or the second half)."""
     kl_target: float | None = None
-    """Online KL controller (off: None): moves the number of active samplers, refresh_lag and lag.max_lag while the run goes to hold the running mean approx_kl at or under this target (AIMD, `ppo_async.core.kl_control`; state in the controller_* metrics)."""
+    """Online KL controller (off: None): holds each iteration's approx_kl at or under this target (kl_quantile of the iterations) with two actuators: the number of active samplers, refresh_lag and lag.max_lag for its staleness part (kl_staleness), the learning rate's scale for its update part (kl_update) (`ppo_async.core.kl_control`; state in the controller_* metrics)."""
     kl_window: int | None = None
-    """Learner iterations of approx_kl the controller averages per decision (and waits after each change); None = 8. Needs kl_target."""
+    """Learner iterations of kl_staleness the controller averages per lag-knob decision (and waits after each change); None = 8. Needs kl_target."""
+    kl_quantile: float | None = None
+    """Fraction of iterations the KL controller holds at or under kl_target, in (0, 1): it aims below the target by the margin it measures between this quantile of approx_kl and the mean of its parts; None = 0.8. Needs kl_target."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "threaded.")
@@ -418,6 +421,11 @@ class ThreadedConfig:
             _check_int("threaded.kl_window", self.kl_window, 1)
             if self.kl_target is None:
                 _fail("threaded.kl_window", self.kl_window, "needs threaded.kl_target (the controller is off)")
+        if self.kl_quantile is not None:
+            if not 0.0 < self.kl_quantile < 1.0:
+                _fail("threaded.kl_quantile", self.kl_quantile, "must lie in (0, 1) (a fraction of iterations)")
+            if self.kl_target is None:
+                _fail("threaded.kl_quantile", self.kl_quantile, "needs threaded.kl_target (the controller is off)")
         for name in ("sampler_devices", "learner_devices"):
             devices = getattr(self, name)
             if not isinstance(devices, (tuple, list)) or not all(
@@ -432,6 +440,11 @@ class ThreadedConfig:
     def effective_kl_window(self) -> int:
         """Iterations per controller decision: kl_window, else 8."""
         return DEFAULT_KL_WINDOW if self.kl_window is None else self.kl_window
+
+    @property
+    def effective_kl_quantile(self) -> float:
+        """Fraction of iterations the controller holds under its target: kl_quantile, else 0.8."""
+        return DEFAULT_KL_QUANTILE if self.kl_quantile is None else float(self.kl_quantile)
 
     @property
     def effective_chunks_per_batch(self) -> int:

@@ -1,42 +1,97 @@
 """Online KL-target controller of a threaded run (`threaded.kl_target`): pure control law.
 
-The plant: the running mean of `approx_kl` (KL to the behaviour policy) grows with the policy
-lag of the consumed samples, and the lag grows with the samplers in flight, the versions a
-sampler may fall behind before it refreshes (`threaded.refresh_lag`) and the versions a sample
-may be old when consumed (`lag.max_lag`). The controller moves those three knobs while the run
-goes, to hold the mean KL at or under the target while keeping as many samples flowing as the
-target allows. It is additive increase / multiplicative decrease (AIMD, as in TCP congestion
-control: Chiu & Jain 1989) over a ladder of knobs ordered by what they cost in throughput:
+The plant. `approx_kl`, the KL from the behaviour policy mu to the params of each SGD step,
+has two parts (`ppo_async.core.learner.diagnostics.kl_parts`, logged every iteration):
+`kl_staleness` = KL(mu -> pi_prox), how far the learner had moved from the policy that made
+the samples when the iteration began, and `kl_update` = KL(pi_prox -> pi_theta), how far this
+iteration's SGD steps move it (pi_prox: the learner's params at the start of the iteration, or
+their EWMA). The lag knobs move the first only: it grows with the samplers in flight, the
+versions a sampler may fall behind before it refreshes (`threaded.refresh_lag`) and the
+versions a sample may be old when consumed (`lag.max_lag`, which with full_policy "block" is
+also the buffer's effective length: (max_lag + 1) x chunks_per_batch resident chunks). The
+learning rate moves the second, and through it the first (a sample L versions old is L updates
+behind). With every knob at its floor the update part is what is left, and no lag knob can
+reach it: hence two actuators.
 
-  decrease (window mean KL > target):
+Aims: hold the iterations, not the mean. The target k* bounds each iteration's approx_kl, a
+stated fraction q of them (`threaded.kl_quantile`). Over the last `history` measured
+iterations (at least `window`, HISTORY_MIN) the controller measures the margin
+
+    rho = Q_q(approx_kl) / (mean(kl_staleness) + mean(kl_update)),   clamped to [1, MARGIN_MAX],
+
+the factor between the level its two parts hold and the q-quantile of the total that level
+gives: it folds in the iterations' spread and the cross term (approx_kl minus the two parts,
+positive where updates carry on the drift). A level k* / rho puts the q-quantile at the
+target; the staleness part aims at STALENESS_SHARE x k* / rho, the update part at the rest.
+(The spread scales with the level, so a ratio measured over several settings of the knobs
+still holds when they move.)
+
+The staleness actuator: additive increase / multiplicative decrease (AIMD, as in TCP
+congestion control: Chiu & Jain 1989) over a ladder of knobs ordered by what they cost in
+throughput, on the mean `kl_staleness` of the `window` iterations since its last change:
+
+  decrease (window mean > staleness aim x KNOB_BAND):
     1. both cheap knobs at once, where they can still move:
        refresh_lag  <- max(1, refresh_lag // 2)   samplers refresh more often (costs a params pull)
        max_lag      <- max(1, min(max_lag, lag_max seen) // 2)
                                                   samplers hold back (with full_policy "block")
                                                   or discard what would be staler, the learner
                                                   drops it: it bounds the buffer's effective
-                                                  depth, so where the lag is buffer residency
+                                                  length, so where the lag is buffer residency
                                                   (samplers out-produce the learner) it costs no
                                                   throughput; elsewhere it costs a straggler's
                                                   too-old rollouts
     2. when neither can: samplers <- max(1, ceil(n / 2)), pausing the slowest active ones (a
        straggler's samples are the stalest); this costs their throughput
-  increase (window mean KL < KL_RAISE_BELOW * target), the same ladder walked back up, one
+    3. when no knob can move (the floor): the learning rate / LR_FACTOR (the staleness at the
+       floor is about one update's drift), and the window starts again
+  increase (window mean < staleness aim / KNOB_BAND), the same ladder walked back up, one
   step at a time: resume the fastest paused sampler, then max_lag + 1 (back to its configured
   value, None = unlimited, as soon as the window's largest lag sits under the cap: a cap that
   binds nothing is lifted), then refresh_lag + 1 (up to its configured value);
   hold otherwise (the band in between), or when the ladder has no rung left in that direction.
 
-Bounds: 1 <= active samplers <= threaded.num_samplers; 1 <= refresh_lag <= the configured
-threaded.refresh_lag; 1 <= max_lag <= the configured lag.max_lag (None: unlimited). The
-controller starts from the configured values. A decision needs `window` learner iterations of
-KL measured since the last change (the samples a change affects take that long to reach the
-learner); the first decision comes after `window` iterations (the warm-up).
+The update-size actuator: the adaptive learning rate of rl_games (`AdaptiveScheduler`,
+rl_games/common/schedulers.py: lr / 1.5 when the KL is above 2x its threshold, lr x 1.5 below
+half, lr clamped to [1e-6, 1e-2]; Schulman et al. 2017's adaptive KL penalty moves its
+coefficient by the same kind of rule), around the update aim instead of the target: on each
+iteration's `kl_update` (its effect shows in the very next iteration, so it needs no window)
 
-State (metrics `controller_*`, one per learner iteration): `controller_kl_mean` (the window
-mean the last decision used, None until the window first fills), `controller_active_samplers`,
-`controller_refresh_lag`, `controller_max_lag` (None = unlimited), `controller_action` (-1
-decrease, 0 hold, +1 increase) and `controller_adjustments` (knob changes so far).
+  lower    lr scale / LR_FACTOR when kl_update > update aim x LR_FACTOR (or at the floor, above);
+  raise    lr scale x LR_FACTOR when kl_update < update aim / LR_FACTOR and the staleness
+           window is not above its band (a larger step also makes the next samples staler);
+  hold     otherwise, or at a bound.
+
+The band is [aim / LR_FACTOR, aim x LR_FACTOR] rather than rl_games' [threshold / 2, 2 x
+threshold]: the aim is a set point whose level the margin has placed, and a band 4x wide would
+let the level wander over a factor of 4; for small steps the KL grows as the square of the step,
+so one move (x LR_FACTOR^2 in KL) spans the band, from just outside it to inside. Both bands are
+centred on their aims, so the parts' window means hover about them and the total's q-quantile
+about the target (on the synthetic plant of `tests/test_kl_control.py`, the issue's case with
+q = 0.8: 0.79 of the post-warm-up iterations under the target, 0.86 under 1.25x).
+
+The scale multiplies the whole schedule (`ppo.learning_rate` and its annealing): the threaded
+learner sets `Hyperparams.learning_rate` = ppo.learning_rate x scale, a traced value (no
+recompile), `learning_rate_at` schedules from it and the update writes the scheduled rate into
+the optimiser state every iteration (`with_step_hyperparams`). The scale lives in this state,
+which the threaded checkpoint carries; the optimiser state in the checkpoint's arrays holds
+the rate the last update used. Its bounds keep ppo.learning_rate x scale in [LR_MIN, LR_MAX]
+(widened to hold 1: the configured rate is always allowed).
+
+Bounds: 1 <= active samplers <= threaded.num_samplers; 1 <= refresh_lag <= the configured
+threaded.refresh_lag; 1 <= max_lag <= the configured lag.max_lag (None: unlimited); the lr scale
+as above. The controller starts from the configured values and scale 1. No decision before
+`window` iterations have measured a KL (the warm-up); an iteration whose samples were all
+stale measures none and is skipped.
+
+State (`ControllerState`, in the threaded checkpoint's mode_state: a resumed run continues it)
+and metrics `controller_*`, one per learner iteration: `controller_staleness_mean` (the window
+mean of the last knob decision), `controller_staleness_aim`, `controller_update_aim`,
+`controller_margin` (rho), `controller_active_samplers`, `controller_refresh_lag`,
+`controller_max_lag` (None = unlimited), `controller_action` (knobs: -1 decrease, 0 hold, +1
+increase), `controller_adjustments` (knob changes so far), `controller_lr_scale`,
+`controller_lr_action`, `controller_lr_adjustments` and `controller_reason` (both decisions
+in words, with the numbers they compared).
 
 A leaf module (no JAX, no threads): `tests/test_kl_control.py` drives it on a synthetic plant.
 """
@@ -44,13 +99,23 @@ A leaf module (no JAX, no threads): `tests/test_kl_control.py` drives it on a sy
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Mapping, NamedTuple, Sequence
 
-KL_RAISE_BELOW = 0.5
-"""Increase only while the window mean KL is under this fraction of the target (the hysteresis band)."""
+KNOB_BAND = 2.0 ** 0.5
+"""The lag knobs' hysteresis band around the staleness aim: [aim / KNOB_BAND, aim x KNOB_BAND] (a factor of 2 wide)."""
 DECREASE_FACTOR = 0.5
-"""Multiplicative decrease of every knob."""
+"""Multiplicative decrease of every lag knob."""
+LR_FACTOR = 1.5
+"""The learning rate's step, down and up (rl_games' AdaptiveScheduler)."""
+LR_MIN, LR_MAX = 1e-6, 1e-2
+"""The learning rate's bounds (rl_games'), for ppo.learning_rate x the scale."""
+STALENESS_SHARE = 0.5
+"""The staleness part's share of the level the two parts hold (the update part gets the rest)."""
+MARGIN_MAX = 10.0
+"""The largest margin rho: the aims never fall under target / MARGIN_MAX."""
+HISTORY_MIN = 32
+"""Iterations the margin is measured over: the last max(window, HISTORY_MIN)."""
 
 
 @dataclass(frozen=True)
@@ -66,24 +131,61 @@ class LagKnobs:
         return sum(self.active)
 
 
+
 @dataclass(frozen=True)
 class ControllerLimits:
     """What the controller may do: the configured knobs are its upper bounds."""
 
     target: float  # threaded.kl_target
-    window: int  # learner iterations of KL per decision
+    window: int  # learner iterations of staleness per knob decision
     num_samplers: int
     refresh_lag: int  # configured threaded.refresh_lag
     max_lag: int | None  # configured lag.max_lag
+    learning_rate: float = 3e-4  # configured ppo.learning_rate: the lr scale's bounds come from it
+    quantile: float = 0.8  # threaded.kl_quantile: the fraction of iterations to hold at or under the target
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.target, (int, float)) and math.isfinite(self.target) and self.target > 0):
-            raise ValueError(f"target = {self.target!r} must be a finite number > 0")
+        for name in ("target", "learning_rate"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} = {value!r} must be a finite number > 0")
         for name in ("window", "num_samplers", "refresh_lag"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} = {getattr(self, name)!r} must be >= 1")
         if self.max_lag is not None and self.max_lag < 1:
             raise ValueError(f"max_lag = {self.max_lag!r} must be >= 1 or None")
+        if not 0.0 < self.quantile < 1.0:
+            raise ValueError(f"quantile = {self.quantile!r} must lie in (0, 1)")
+
+    @property
+    def history(self) -> int:
+        """Measured iterations the margin is computed over."""
+        return max(self.window, HISTORY_MIN)
+
+    @property
+    def lr_scale_bounds(self) -> tuple[float, float]:
+        """`(low, high)`: learning_rate x scale stays in [LR_MIN, LR_MAX], and 1 is always allowed."""
+        return min(1.0, LR_MIN / self.learning_rate), max(1.0, LR_MAX / self.learning_rate)
+
+
+class KlSample(NamedTuple):
+    """One learner iteration's KL to the behaviour policy and its parts (NaN: nothing consumed)."""
+
+    total: float  # approx_kl
+    staleness: float  # kl_staleness
+    update: float  # kl_update
+
+    @property
+    def measured(self) -> bool:
+        return all(math.isfinite(x) for x in self)
+
+
+class Aims(NamedTuple):
+    """What each part aims at, from the margin (module docstring)."""
+
+    margin: float  # rho >= 1
+    staleness: float
+    update: float
 
 
 @dataclass(frozen=True)
@@ -91,16 +193,43 @@ class ControllerState:
     """The controller between two learner iterations."""
 
     knobs: LagKnobs
-    kls: tuple[float, ...] = ()  # approx_kl of the iterations since the last change (the last `window`)
-    lag_max: int = 0  # largest consumed lag since the last change
-    kl_mean: float | None = None  # the window mean of the last decision
-    action: int = 0  # the last decision: -1, 0, +1
-    adjustments: int = 0
+    kls: tuple[float, ...] = ()  # kl_staleness of the iterations since the last knob change (the last `window`)
+    lag_max: int = 0  # largest consumed lag since the last knob change
+    kl_mean: float | None = None  # the staleness window mean of the last knob decision
+    action: int = 0  # the last knob decision: -1, 0, +1
+    adjustments: int = 0  # knob changes so far
+    lr_scale: float = 1.0  # the learning rate's multiplier
+    lr_action: int = 0  # the last learning-rate decision: -1, 0, +1
+    lr_adjustments: int = 0  # learning-rate changes so far
+    history: tuple[tuple[float, float, float], ...] = ()  # (total, staleness, update) of the last measured iterations
+    aims: Aims | None = None  # of the last decision (None in the warm-up)
+    reason: str = "warm-up"  # the last decisions in words
 
 
 def initial_state(limits: ControllerLimits) -> ControllerState:
-    """Every sampler running, refresh_lag and max_lag as configured."""
+    """Every sampler running, refresh_lag and max_lag as configured, the learning rate as configured."""
     return ControllerState(LagKnobs((True,) * limits.num_samplers, limits.refresh_lag, limits.max_lag))
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile of `values` (non-empty), linear between order statistics (numpy's default)."""
+    xs = sorted(values)
+    position = q * (len(xs) - 1)
+    low = int(math.floor(position))
+    high = min(low + 1, len(xs) - 1)
+    return xs[low] + (position - low) * (xs[high] - xs[low])
+
+
+def aims_of(limits: ControllerLimits, history: Sequence[tuple[float, float, float]]) -> Aims:
+    """The margin rho = Q_q(total) / (mean staleness + mean update) over `history` `[n, 3]`
+    (clamped to [1, MARGIN_MAX]) and the two parts' aims, STALENESS_SHARE and the rest of
+    target / rho (module docstring)."""
+    n = len(history)
+    parts = sum(s + u for _, s, u in history) / n
+    total_q = quantile([t for t, _, _ in history], limits.quantile)
+    margin = min(max(total_q / parts, 1.0), MARGIN_MAX) if parts > 0 else 1.0
+    level = limits.target / margin
+    return Aims(margin, STALENESS_SHARE * level, (1.0 - STALENESS_SHARE) * level)
 
 
 def _pause_slowest(active: tuple[bool, ...], count: int, rates: Sequence[float]) -> tuple[bool, ...]:
@@ -148,50 +277,140 @@ def increase(limits: ControllerLimits, knobs: LagKnobs, lag_max: int, rates: Seq
     return knobs
 
 
+def describe_change(old: LagKnobs, new: LagKnobs) -> str:
+    """The knobs that moved, in words: 'refresh_lag 4->2, max_lag None->10'."""
+    moved = []
+    if old.num_active != new.num_active:
+        moved.append(f"samplers {old.num_active}->{new.num_active}")
+    for name in ("refresh_lag", "max_lag"):
+        if getattr(old, name) != getattr(new, name):
+            moved.append(f"{name} {getattr(old, name)}->{getattr(new, name)}")
+    return ", ".join(moved)
+
+
+def staleness_step(
+    limits: ControllerLimits, state: ControllerState, aim: float, sampler_rates: Sequence[float]
+) -> tuple[ControllerState, str, bool]:
+    """The lag knobs' decision on the staleness window (AIMD, module docstring).
+
+    Returns the state, the decision in words and whether the staleness is over its aim with
+    every knob at its floor (then the learning rate takes the decrease: `update_step`)."""
+    if len(state.kls) < limits.window:
+        return state, f"staleness: {len(state.kls)}/{limits.window} iterations since the last change", False
+    mean = sum(state.kls) / len(state.kls)
+    state = replace(state, kl_mean=mean)
+    if mean > aim * KNOB_BAND:
+        knobs, action = decrease(state.knobs, state.lag_max, sampler_rates), -1
+        compared = f"{mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}"
+    elif mean < aim / KNOB_BAND:
+        knobs, action = increase(limits, state.knobs, state.lag_max, sampler_rates), 1
+        compared = f"{mean:.4g} < aim {aim:.4g} / {KNOB_BAND:.3g}"
+    else:
+        return state, f"staleness {mean:.4g} within aim {aim:.4g} x/ {KNOB_BAND:.3g}: hold", False
+    if knobs == state.knobs:  # no rung left in that direction
+        edge = "at their floor" if action < 0 else "at their configured values"
+        return state, f"staleness {compared}, knobs {edge}", action < 0
+    why = f"staleness {compared}: {describe_change(state.knobs, knobs)}"
+    return replace(state, knobs=knobs, kls=(), lag_max=0, action=action, adjustments=state.adjustments + 1), why, False
+
+
+def update_step(
+    limits: ControllerLimits, state: ControllerState, aims: Aims, update_kl: float, floor: bool
+) -> tuple[ControllerState, str]:
+    """The learning rate's decision on this iteration's `kl_update` (rl_games' rule placed
+    under the aim, module docstring); `floor`: the staleness is over its aim with every lag
+    knob at its floor, so the learning rate also takes that decrease (and the staleness window
+    starts again, as after a knob change). Returns the state and the decision in words."""
+    staleness = sum(state.kls) / len(state.kls) if state.kls else state.kl_mean
+    if update_kl > aims.update * LR_FACTOR:
+        factor, why = 1.0 / LR_FACTOR, f"update {update_kl:.4g} > aim {aims.update:.4g} x {LR_FACTOR:g}"
+    elif floor:
+        factor, why = 1.0 / LR_FACTOR, "staleness over its aim at the knobs' floor"
+    elif update_kl < aims.update / LR_FACTOR and (staleness is None or staleness <= aims.staleness * KNOB_BAND):
+        factor, why = LR_FACTOR, f"update {update_kl:.4g} < aim {aims.update:.4g} / {LR_FACTOR:g}"
+    else:
+        return state, f"update {update_kl:.4g} within aim {aims.update:.4g} x/ {LR_FACTOR:g}: lr hold"
+    low, high = limits.lr_scale_bounds
+    scale = min(max(state.lr_scale * factor, low), high)
+    if scale == state.lr_scale:
+        return state, f"{why}, lr scale at its bound {scale:.3g}: hold"
+    state = replace(state, lr_scale=scale, lr_action=1 if factor > 1 else -1, lr_adjustments=state.lr_adjustments + 1)
+    if floor and factor < 1:
+        state = replace(state, kls=(), lag_max=0)
+    return state, f"{why}: lr scale {scale:.3g}"
+
+
 def step(
-    limits: ControllerLimits, state: ControllerState, kl: float, lag_max: int, sampler_rates: Sequence[float]
+    limits: ControllerLimits, state: ControllerState, kl: KlSample, lag_max: int, sampler_rates: Sequence[float]
 ) -> ControllerState:
     """The controller after one learner iteration (pure).
 
     Args:
-      limits: target, window and bounds.
+      limits: target, window, quantile and bounds.
       state: the state after the previous iteration.
-      kl: this iteration's `approx_kl` (a non-finite value is not counted).
+      kl: this iteration's approx_kl and its parts (not counted unless all are finite).
       lag_max: this iteration's largest consumed lag.
       sampler_rates: `[num_samplers]` env steps per second of each sampler while it ran (which
         samplers to pause or resume).
 
     Returns:
-      The new state; `state.knobs` is what the run applies next.
+      The new state; `state.knobs` and `state.lr_scale` are what the run applies next.
     """
     if len(sampler_rates) != limits.num_samplers:
         raise ValueError(f"sampler_rates has {len(sampler_rates)} entries, expected {limits.num_samplers}")
-    kls = state.kls + ((float(kl),) if math.isfinite(kl) else ())
-    kls = kls[-limits.window:]
-    seen = max(state.lag_max, int(lag_max))
-    held = replace(state, kls=kls, lag_max=seen, action=0)
-    if len(kls) < limits.window:
-        return held
-    mean = sum(kls) / len(kls)
-    held = replace(held, kl_mean=mean)
-    if mean > limits.target:
-        knobs, action = decrease(state.knobs, seen, sampler_rates), -1
-    elif mean < KL_RAISE_BELOW * limits.target:
-        knobs, action = increase(limits, state.knobs, seen, sampler_rates), 1
-    else:
-        return held
-    if knobs == state.knobs:  # no rung left in that direction
-        return held
-    return ControllerState(knobs, (), 0, mean, action, state.adjustments + 1)
+    state = replace(state, lag_max=max(state.lag_max, int(lag_max)), action=0, lr_action=0)
+    if not kl.measured:
+        return replace(state, reason="no KL measured (nothing consumed): hold")
+    history = (state.history + (tuple(float(x) for x in kl),))[-limits.history:]
+    state = replace(state, history=history, kls=(state.kls + (float(kl.staleness),))[-limits.window:])
+    if len(history) < limits.window:
+        return replace(state, reason=f"warm-up: {len(history)}/{limits.window} iterations")
+    aims = aims_of(limits, history)
+    state, knob_reason, floor = staleness_step(limits, state, aims.staleness, sampler_rates)
+    state, lr_reason = update_step(limits, state, aims, float(kl.update), floor)
+    return replace(state, aims=aims, reason=f"{knob_reason}; {lr_reason}")
 
 
-def controller_metrics(state: ControllerState) -> dict[str, float | int | None]:
+def controller_metrics(state: ControllerState) -> dict[str, Any]:
     """The `controller_*` metrics of a state (see the module docstring)."""
+    aims = state.aims
     return {
-        "controller_kl_mean": state.kl_mean,
+        "controller_staleness_mean": state.kl_mean,
+        "controller_staleness_aim": None if aims is None else aims.staleness,
+        "controller_update_aim": None if aims is None else aims.update,
+        "controller_margin": None if aims is None else aims.margin,
         "controller_active_samplers": state.knobs.num_active,
         "controller_refresh_lag": state.knobs.refresh_lag,
         "controller_max_lag": state.knobs.max_lag,
         "controller_action": state.action,
         "controller_adjustments": state.adjustments,
+        "controller_lr_scale": state.lr_scale,
+        "controller_lr_action": state.lr_action,
+        "controller_lr_adjustments": state.lr_adjustments,
+        "controller_reason": state.reason,
     }
+
+
+def state_to_dict(state: ControllerState) -> dict[str, Any]:
+    """A state as plain JSON types (a checkpoint's mode_state; `state_from_dict` inverts it)."""
+    data = asdict(state)
+    data["aims"] = None if state.aims is None else list(state.aims)
+    return data
+
+
+def state_from_dict(data: Mapping[str, Any]) -> ControllerState:
+    """Inverse of `state_to_dict`; a field missing (a checkpoint written before it existed)
+    takes its default."""
+    knobs = data["knobs"]
+    values: dict[str, Any] = {
+        "knobs": LagKnobs(tuple(bool(a) for a in knobs["active"]), int(knobs["refresh_lag"]),
+                          None if knobs["max_lag"] is None else int(knobs["max_lag"])),
+        "kls": tuple(float(k) for k in data.get("kls", ())),
+        "history": tuple(tuple(float(x) for x in h) for h in data.get("history", ())),
+        "aims": None if data.get("aims") is None else Aims(*(float(x) for x in data["aims"])),
+        "kl_mean": None if data.get("kl_mean") is None else float(data["kl_mean"]),
+    }
+    for f in fields(ControllerState):
+        if f.name not in values and f.name in data:
+            values[f.name] = type(f.default)(data[f.name])
+    return ControllerState(**values)

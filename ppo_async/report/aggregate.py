@@ -37,8 +37,10 @@ LAST_FIELDS = (
     "sampler_latency_s", "sampler_forced_refreshes", "sampler_paused_s", "dropped_fraction_window", "kl_high_streak",
     "warning", "resumed_at_iteration", "dropped_at_resume",
     # the KL controller's state after the window's last iteration (`ppo_async.core.kl_control`)
-    "controller_kl_mean", "controller_active_samplers", "controller_refresh_lag", "controller_max_lag",
-    "controller_action", "controller_adjustments",
+    "controller_staleness_mean", "controller_staleness_aim", "controller_update_aim", "controller_margin",
+    "controller_active_samplers", "controller_refresh_lag", "controller_max_lag", "controller_action",
+    "controller_adjustments", "controller_lr_scale", "controller_lr_action", "controller_lr_adjustments",
+    "controller_reason",
     # several processes (`ppo_async.runtime.distributed.global_row`): per-process running totals
     "process_samples_produced", "process_samples_consumed", "process_samples_dropped", "process_samples_resident",
     "process_dropped_forced_refresh", "process_dropped_overwritten", "process_dropped_stale_total",

@@ -1,5 +1,6 @@
 """The learner thread: take a batch of chunks, update, publish the new params, account for every
-sample, hand the metrics row to the logging thread; and the online KL controller's step. A
+sample, hand the metrics row to the logging thread; and the online KL controller's step (its
+lag knobs go to the samplers, its learning-rate scale into the learner's `Hyperparams`). A
 resumed run's learner starts from its checkpoint (`resume.LearnerStart`): its iterations,
 version, sample totals and wall time continue from there."""
 
@@ -27,23 +28,30 @@ from ppo_async.runtime.buffer import ChunkTag
 
 
 def controller_limits(config: Config) -> kl_control.ControllerLimits | None:
-    """The KL controller's target, window and bounds (`threaded.kl_target`); None when it is off."""
+    """The KL controller's target, window, quantile and bounds (`threaded.kl_target`); None when it is off."""
     tcfg = config.threaded
     if tcfg.kl_target is None:
         return None
     return kl_control.ControllerLimits(tcfg.kl_target, tcfg.effective_kl_window, tcfg.num_samplers, tcfg.refresh_lag,
-                                       config.lag.max_lag)
+                                       config.lag.max_lag, config.ppo.learning_rate, tcfg.effective_kl_quantile)
+
+
+def kl_sample(metrics: Mapping[str, Any], consumed: int) -> kl_control.KlSample:
+    """The iteration's approx_kl and its parts (`kl_staleness`, `kl_update`) for the controller;
+    NaN when every sample was stale (no KL was measured)."""
+    if consumed <= 0:
+        return kl_control.KlSample(math.nan, math.nan, math.nan)
+    return kl_control.KlSample(float(metrics["approx_kl"]), float(metrics["kl_staleness"]), float(metrics["kl_update"]))
 
 
 def control_lag(shared: RunShared, limits: kl_control.ControllerLimits, state: kl_control.ControllerState,
                 metrics: Mapping[str, Any], consumed: int, elapsed_s: float) -> kl_control.ControllerState:
-    """One KL-controller step after a learner iteration: feeds it the iteration's approx_kl
-    (none when every sample was stale: no KL was measured) and lag_max and each sampler's rate
-    while it ran, and puts its knobs in force for the samplers."""
+    """One KL-controller step after a learner iteration: feeds it the iteration's KL parts and
+    lag_max and each sampler's rate while it ran, and puts its lag knobs in force for the
+    samplers (the learning rate is the learner's: `controlled_hparams`)."""
     now = shared.start + elapsed_s
     rates = [s.produced / max(elapsed_s - s.paused_seconds(now), 1e-9) for s in shared.stats]
-    kl = float(metrics["approx_kl"]) if consumed > 0 else math.nan
-    state = kl_control.step(limits, state, kl, int(metrics["lag_max"]), rates)
+    state = kl_control.step(limits, state, kl_sample(metrics, consumed), int(metrics["lag_max"]), rates)
     shared.knobs = state.knobs
     return state
 
@@ -52,6 +60,23 @@ def with_max_lag(hparams: Any, max_lag: int | None) -> Any:
     """`hparams` with the learner's stale filter at `max_lag` (None: off), placed as before."""
     value = np.float32(np.inf if max_lag is None else max_lag)
     return hparams._replace(max_lag=jax.device_put(value, hparams.max_lag.sharding))
+
+
+def with_learning_rate(hparams: Any, learning_rate: float) -> Any:
+    """`hparams` with the learning rate the schedule starts from (`learning_rate_at` scales it),
+    placed as before."""
+    return hparams._replace(learning_rate=jax.device_put(np.float32(learning_rate), hparams.learning_rate.sharding))
+
+
+def controlled_hparams(hparams: Any, config: Config, state: kl_control.ControllerState) -> Any:
+    """`hparams` as the KL controller's state wants them: the stale filter at its max_lag and the
+    learning rate ppo.learning_rate x its scale (each replaced only where it differs from the
+    config's, so a run whose controller has not moved them keeps the config's arrays)."""
+    if state.knobs.max_lag != config.lag.max_lag:
+        hparams = with_max_lag(hparams, state.knobs.max_lag)
+    if state.lr_scale != 1.0:
+        hparams = with_learning_rate(hparams, config.ppo.learning_rate * state.lr_scale)
+    return hparams
 
 
 def threaded_accounting(
@@ -207,8 +232,8 @@ class Learner:
         self.phases: dict[str, float] = dict.fromkeys(LEARNER_PHASES, 0.0)
         self.limits = controller_limits(shared.config)
         self.control = None if self.limits is None else (start.control or kl_control.initial_state(self.limits))
-        if self.control is not None and self.control.knobs.max_lag != shared.config.lag.max_lag:
-            self.hparams = with_max_lag(hparams, self.control.knobs.max_lag)  # as the controller left it
+        if self.control is not None:  # the stale filter and learning rate as the controller left them
+            self.hparams = controlled_hparams(hparams, shared.config, self.control)
 
     def run(self) -> None:
         """The thread's body: every iteration after the start's, until done or stopped; a failure
@@ -300,11 +325,14 @@ class Learner:
         return dict(metrics), int(sgd_steps)
 
     def _control(self, metrics: Mapping[str, Any], consumed: int, elapsed_s: float) -> dict[str, Any]:
-        """The KL controller's step; the learner's stale filter follows its max_lag. Returns its metrics."""
-        max_lag_before = self.control.knobs.max_lag
+        """The KL controller's step; the learner's stale filter follows its max_lag and its
+        learning rate its scale from the next iteration on. Returns its metrics."""
+        before = self.control
         self.control = control_lag(self.shared, self.limits, self.control, metrics, consumed, elapsed_s)
-        if self.control.knobs.max_lag != max_lag_before:
+        if self.control.knobs.max_lag != before.knobs.max_lag:
             self.hparams = with_max_lag(self.hparams, self.control.knobs.max_lag)
+        if self.control.lr_scale != before.lr_scale:
+            self.hparams = with_learning_rate(self.hparams, self.shared.config.ppo.learning_rate * self.control.lr_scale)
         return kl_control.controller_metrics(self.control)
 
 

@@ -3,8 +3,9 @@ learner starts again (pure).
 
 A threaded checkpoint's arrays are the learner's `TrainState` (params, optimiser state,
 normalisation statistics, version and step counters); its metadata's `mode_state` holds the
-rest of the learner: its RNG key for the next iteration, the KL controller's state and the
-sample accounting at that iteration. A resumed run restores all of it exactly; its samplers
+rest of the learner: its RNG key for the next iteration, the KL controller's state (its lag
+knobs and learning-rate scale, from which the resumed learner sets its stale filter and
+learning rate) and the sample accounting at that iteration. A resumed run restores all of it exactly; its samplers
 start again from the restored params (the ParamStore's first snapshot) with fresh env states
 and keys derived from the iteration. What cannot be carried over is timing: the lag history is
 not replayed (the resumed run's lags emerge anew), the chunks resident in the buffer when the
@@ -14,7 +15,7 @@ run stopped are lost with it (counted: `dropped_at_resume`), and the per-sampler
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
 import jax
@@ -60,22 +61,14 @@ class ResumePoint(NamedTuple):
 
 
 def controller_to_json(state: kl_control.ControllerState | None) -> dict[str, Any] | None:
-    """The KL controller's state as JSON (its window holds finite KLs only; kl_mean may be None)."""
-    return None if state is None else asdict(state)
+    """The KL controller's state as JSON (`kl_control.state_to_dict`: its knobs, learning-rate
+    scale, windows and history of finite KLs; kl_mean and aims may be None)."""
+    return None if state is None else kl_control.state_to_dict(state)
 
 
 def controller_from_json(data: Mapping[str, Any] | None) -> kl_control.ControllerState | None:
-    """Inverse of `controller_to_json`."""
-    if data is None:
-        return None
-    knobs = data["knobs"]
-    return kl_control.ControllerState(
-        knobs=kl_control.LagKnobs(tuple(bool(a) for a in knobs["active"]), int(knobs["refresh_lag"]),
-                                  None if knobs["max_lag"] is None else int(knobs["max_lag"])),
-        kls=tuple(float(k) for k in data["kls"]), lag_max=int(data["lag_max"]),
-        kl_mean=None if data["kl_mean"] is None else float(data["kl_mean"]),
-        action=int(data["action"]), adjustments=int(data["adjustments"]),
-    )
+    """Inverse of `controller_to_json` (a checkpoint written before a field existed gives its default)."""
+    return None if data is None else kl_control.state_from_dict(data)
 
 
 def key_to_json(key: Any) -> dict[str, Any]:
