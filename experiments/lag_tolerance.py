@@ -1,0 +1,393 @@
+"""How much policy lag does each off-policy correction tolerate on MuJoCo? (issue 41 item 2)
+
+    python experiments/lag_tolerance.py                                   # Hopper + Walker2d, 3 seeds, 1M, K in 1 2 4 8
+    python experiments/lag_tolerance.py --envs gymnasium/HalfCheetah-v5   # another env (it resumes, skipping finished runs)
+    python experiments/lag_tolerance.py --summarise-only --out DIR        # the tables and figures again from DIR
+    python experiments/lag_tolerance.py --out experiments/results/lag_tolerance   # publish
+    python experiments/lag_tolerance.py --suite classic --envs Pendulum-v1 --total-env-steps 4096 --seeds 1 \\
+        --ks 1 2 --corrections ppo decoupled --eval-every-steps 2048 --eval-episodes 2 --out /tmp/lt   # a smoke test
+
+Every cell is the benchmark's barrier mode (one sampler, `threaded.barrier`) run with a fixed lag
+schedule, `lag.K` = K: each learner batch is made by the policy (params and normalisation
+statistics) exactly K versions old, on the host-side simulator, and corrected by one of
+`CORRECTIONS`:
+
+  ppo        PPO, clip_eps 0.2 around the behaviour policy (the preset's objective)
+  dual-clip  dual-clip PPO, c = 3 (Ye et al. 2020)
+  vtrace     advantages with truncated importance weights (V-trace, rho_bar = c_bar = 1; Espeholt et al. 2018)
+  decoupled  decoupled PPO (Hilton et al. 2021): clip to a proximal policy, an EWMA of the learner's
+             params with decay 1 - 2 / (SGD steps per iteration) per step (its centre of mass is the
+             mean age of PPO's pi_old, their matching rule: 0.99375 for the MuJoCo preset's 320 steps)
+
+K = 0 is the benchmark's barrier runs themselves (no correction: at lag 0 there is nothing to
+correct), one set shared by every correction's line; `--k0-from DIR` reads them from an existing
+benchmark output instead of running them, when its barrier config of the env is this one's.
+
+Each cell is one `pa.benchmark` call (suite `--suite`, mode barrier, `changes` = the correction's
+fields and `lag.K`) into OUT/<env>/<cell>/: results.csv, report.md, manifest.json and the run
+directories, so a killed grid resumes where it stopped (finished runs are skipped). The report
+(OUT/table.csv, OUT/summary.txt; OUT/manifest.json for the whole call) gives per env, correction
+and K over seeds: the final deterministic evaluation normalised by the env's reference
+(`benchmark.normalise`: 1 + (score - ref) / |ref|) with its 95% bootstrap CI and worst seed; the
+env steps to `--fraction` of K = 0's mean final return (first evaluation at or above it; mean over
+the seeds that reach it, and how many do); and the mean over iterations and seeds of the KL to
+the behaviour policy (`approx_kl`), the clip fraction and the ESS fraction. One figure per env,
+OUT/lag_tolerance_<env>.png: normalised return vs K, one line per correction, beside mean KL vs K
+with the article's thresholds (0.01 watch, 0.03 lag is hurting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import tyro
+
+import ppo_async as pa
+from ppo_async.config import config_to_dict
+from ppo_async.config.presets import config_for_env
+from ppo_async.report import figures, stats
+from ppo_async.report.metrics import read_jsonl
+from ppo_async.study import benchmark as bm
+from ppo_async.study.manifest import Manifest, default_out, write_summary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+MODE = "barrier"  # the benchmark mode every cell runs (one sampler, scheduled lag)
+K0 = "barrier-K0"  # the K = 0 cell: the benchmark's barrier runs, unchanged
+METRICS = ("approx_kl", "clip_fraction", "ess_fraction")  # means over each run's iterations
+
+CORRECTIONS: dict[str, dict[str, Any]] = {
+    "ppo": {"ppo.clip_eps": 0.2},
+    "dual-clip": {"ppo.clip_eps": 0.2, "ppo.dual_clip": 3.0},
+    "vtrace": {"ppo.clip_eps": 0.2, "ppo.advantage_estimator": "vtrace"},
+    "decoupled": {"ppo.clip_eps": 0.2, "ppo.objective": "decoupled", "ppo.is_clip": 2.0},  # + its EWMA (`ewma_decay`)
+}
+"""Correction name -> dotted config fields over the env's preset and the barrier mode."""
+
+
+@dataclasses.dataclass
+class Args:
+    envs: tuple[str, ...] = ("gymnasium/Hopper-v5", "gymnasium/Walker2d-v5")
+    """Envs of the suite (HalfCheetah-v5 is optional)."""
+    ks: tuple[int, ...] = (1, 2, 4, 8)
+    """Fixed lags K > 0 (K = 0 is the barrier runs)."""
+    corrections: tuple[str, ...] = tuple(CORRECTIONS)
+    """Corrections to run (names of CORRECTIONS)."""
+    seeds: int = 3
+    """Seeds per cell."""
+    total_env_steps: int = 1_000_000
+    """Env steps per run."""
+    suite: str = "mujoco"
+    """The benchmark suite the envs belong to (its evaluation cadence; "classic" for a smoke test on Pendulum-v1)."""
+    eval_every_steps: int | None = None
+    """Env steps between evaluations (default: the suite's, 100k for mujoco)."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (deterministic policy)."""
+    fraction: float = 0.8
+    """'Env steps to this fraction of K = 0's mean final return' (envs with a positive return)."""
+    k0_from: str | None = None
+    """A benchmark output whose barrier runs are K = 0 (read only; its barrier config must be this one's)."""
+    out: str | None = None
+    """Output folder (default runs/experiments/lag_tolerance; publish with --out experiments/results/lag_tolerance)."""
+    summarise_only: bool = False
+    """Only write table.csv, summary.txt and the figures again from OUT."""
+    progress: bool = True
+    """A line per run and each run's progress bar."""
+
+
+# ---------------------------------------------------------------------------- cells
+
+
+def ewma_decay(sgd_steps_per_iteration: int) -> float:
+    """The EWMA decay of decoupled PPO's proximal policy per SGD step: 1 - 2 / steps, whose centre
+    of mass (1 / (1 - d) steps back) is the mean age of PPO's pi_old over an iteration's steps
+    (Hilton et al. 2021's matching rule; 80 steps: 0.975, as experiments/lag_sweep.py uses)."""
+    return 1.0 - 2.0 / max(int(sgd_steps_per_iteration), 3)
+
+
+def cell_name(correction: str, k: int) -> str:
+    """`ppo-K4`; the K = 0 cell is `barrier-K0` (one for every correction)."""
+    return K0 if k == 0 else f"{correction}-K{k}"
+
+
+def cell_changes(env: str, correction: str, k: int) -> dict[str, Any]:
+    """The dotted fields a cell sets over the env's preset and the barrier mode: none at K = 0
+    (the benchmark's barrier runs), else the correction's and `lag.K` (decoupled: its EWMA decay
+    from the env's preset SGD steps)."""
+    if k == 0:
+        return {}
+    changes = {**CORRECTIONS[correction], "lag.K": int(k)}
+    if changes.get("ppo.objective") == "decoupled":
+        changes["ppo.prox_ewma"] = ewma_decay(config_for_env(env).sgd_steps_per_iteration)
+    return changes
+
+
+def env_dir(out: str, env: str) -> str:
+    return os.path.join(out, env.replace("/", "_"))
+
+
+def cell_dir(out: str, env: str, correction: str, k: int) -> str:
+    return os.path.join(env_dir(out, env), cell_name(correction, k))
+
+
+def cells(args: Args) -> list[tuple[str, str, int]]:
+    """(env, correction, K) of every cell to run, K = 0 first (once per env, correction "-")."""
+    out = []
+    for env in args.envs:
+        if args.k0_from is None:
+            out.append((env, "-", 0))
+        out += [(env, correction, int(k)) for k in args.ks for correction in args.corrections]
+    return out
+
+
+def run_cell(args: Args, out: str, env: str, correction: str, k: int) -> None:
+    """One cell: `pa.benchmark` of the barrier mode with the cell's changes into its folder (resumable)."""
+    print(f"== lag_tolerance {env} {cell_name(correction, k)}: {cell_changes(env, correction, k)}", flush=True)
+    pa.benchmark(args.suite, seeds=args.seeds, out=cell_dir(out, env, correction, k), envs=[env],
+                 total_env_steps=args.total_env_steps, modes=[MODE], eval_every_steps=args.eval_every_steps,
+                 eval_episodes=args.eval_episodes, progress=args.progress, changes=cell_changes(env, correction, k))
+
+
+# ---------------------------------------------------------------------------- K = 0 from a benchmark
+
+
+def k0_config(args: Args, env: str) -> dict[str, Any]:
+    """The config (as a dict) of this call's K = 0 runs of `env` (seed 0, no run directory)."""
+    plan = bm.resolve_plan(args.suite, [env], [MODE], args.seeds, args.total_env_steps, args.eval_every_steps,
+                           args.eval_episodes)
+    return config_to_dict(bm.run_config(plan, env, MODE, 0, None))
+
+
+def differing(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted paths where nested dicts `a` and `b` differ (pure)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [p for key in sorted(set(a) | set(b)) for p in differing(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def check_k0_source(args: Args, env: str) -> None:
+    """SystemExit unless `--k0-from`'s benchmark ran `env` in barrier mode with this call's config."""
+    spec_path = os.path.join(args.k0_from, bm.SPEC_FILE)
+    if not os.path.isfile(spec_path):
+        raise SystemExit(f"error: --k0-from {args.k0_from!r}: no {bm.SPEC_FILE} (not a benchmark output)")
+    with open(spec_path, encoding="utf-8") as f:
+        recorded = json.load(f).get("configs", {}).get(f"{env} {MODE}")
+    if recorded is None:
+        raise SystemExit(f"error: --k0-from {args.k0_from!r} has no {MODE} runs of {env}")
+    diff = differing(recorded, k0_config(args, env))
+    if diff:
+        raise SystemExit(f"error: --k0-from {args.k0_from!r}: its {MODE} runs of {env} differ from this call's K = 0 "
+                         f"in {', '.join(diff[:8])}; run K = 0 here (leave --k0-from out)")
+
+
+def k0_source(args: Args, out: str, env: str) -> str:
+    """The benchmark output holding `env`'s K = 0 runs: `--k0-from`, or OUT/<env>/barrier-K0."""
+    return args.k0_from if args.k0_from is not None else cell_dir(out, env, "-", 0)
+
+
+# ---------------------------------------------------------------------------- the report (pure but for reads)
+
+
+def final_runs(source: str, env: str, seeds: int) -> pd.DataFrame:
+    """Every evaluation row (results.csv) of the runs of `env` in a benchmark output whose final
+    row is there (finished), seeds below `seeds`; empty when there are none."""
+    df = bm.results_frame(source)
+    if df.empty:
+        return df
+    df = df[(df["env"] == env) & (df["mode"] == MODE) & (df["seed"] < seeds)]
+    finished = set(df.loc[df["final"] == 1, "seed"])
+    return df[df["seed"].isin(finished)]
+
+
+def run_means(source: str, env: str, seed: int) -> dict[str, float]:
+    """The mean over iterations of each of `METRICS` in one run's metrics.jsonl (NaN when the run
+    directory or the metric is missing)."""
+    path = os.path.join(bm.run_dir_of(source, env, MODE, seed), "metrics.jsonl")
+    rows = read_jsonl(path, columns=METRICS) if os.path.isfile(path) else []
+    return {name: stats_mean([r.get(name) for r in rows]) for name in METRICS}
+
+
+def stats_mean(values: Sequence[Any]) -> float:
+    """The mean of the finite numbers among `values`; NaN when there are none (pure)."""
+    x = stats.finite(pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce").to_numpy(np.float64))
+    return float(x.mean()) if len(x) else math.nan
+
+
+def steps_to(rows: pd.DataFrame, target: float) -> float:
+    """The env steps of one run's first evaluation at or above `target` (rows: its results.csv
+    rows); NaN when none reaches it or the target is not a number (pure)."""
+    if not math.isfinite(target):
+        return math.nan
+    reached = rows.sort_values("env_steps")
+    reached = reached[reached["eval_return"] >= target]
+    return float(reached.iloc[0]["env_steps"]) if len(reached) else math.nan
+
+
+def fraction_target(k0_final_mean: float, fraction: float) -> float:
+    """`fraction` of K = 0's mean final return, defined for a positive return only (NaN else):
+    a fraction of a negative return would be a higher bar than the return itself (pure)."""
+    return fraction * k0_final_mean if k0_final_mean > 0 else math.nan
+
+
+def cell_row(runs: pd.DataFrame, reference: float, target: float, means: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """One cell's numbers over its seeds (pure).
+
+    Args:
+      runs: the cell's results.csv rows (finished runs only).
+      reference: the env's normalising reference (NaN: none).
+      target: the return whose first reach is timed (`fraction_target`).
+      means: `run_means` of each of its runs.
+    """
+    finals = runs[runs["final"] == 1].sort_values("seed")
+    scores = bm.normalise(finals["eval_return"].to_numpy(np.float64), reference) if math.isfinite(reference) \
+        else np.full(len(finals), math.nan)
+    low, high = stats.bootstrap_mean_ci(scores)
+    steps = np.array([steps_to(group, target) for _, group in runs.groupby("seed")], np.float64)
+    return {
+        "seeds": len(finals), "eval_mean": stats_mean(finals["eval_return"]), "norm_mean": stats_mean(scores),
+        "norm_ci_low": low, "norm_ci_high": high, "norm_worst": float(np.min(scores)) if len(scores) else math.nan,
+        "steps_to_target": stats_mean(steps), "reached": int(np.isfinite(steps).sum()),
+        **{name: stats_mean([m[name] for m in means]) for name in METRICS},
+    }
+
+
+def env_rows(args: Args, out: str, env: str, reference: float) -> list[dict[str, Any]]:
+    """The table rows of one env: its K = 0 row, then one per correction and K with finished runs."""
+    k0_dir = k0_source(args, out, env)
+    k0 = final_runs(k0_dir, env, args.seeds)
+    k0_mean = stats_mean(k0.loc[k0["final"] == 1, "eval_return"]) if len(k0) else math.nan
+    target = fraction_target(k0_mean, args.fraction)
+    rows = []
+    for correction, k, source in [("-", 0, k0_dir)] + [(c, int(k), cell_dir(out, env, c, k))
+                                                        for c in args.corrections for k in args.ks]:
+        runs = k0 if k == 0 else final_runs(source, env, args.seeds)
+        if runs.empty:
+            continue
+        means = [run_means(source, env, int(seed)) for seed in sorted(set(runs["seed"]))]
+        rows.append({"env": env, "correction": correction, "K": k, "target": target,
+                     **cell_row(runs, reference, target, means)})
+    return rows
+
+
+def lag_table(args: Args, out: str) -> pd.DataFrame:
+    """Every env's rows (`env_rows`), references from the benchmark's references.json."""
+    references = bm.normalising_references(bm.load_references())
+    rows = [row for env in args.envs for row in env_rows(args, out, env, references.get(env, math.nan))]
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------- figures and summary
+
+
+def plot_env(table: pd.DataFrame, env: str, path: str) -> None:
+    """OUT/lag_tolerance_<env>.png: normalised final evaluation vs K (95% CI bars), one line per
+    correction through the shared K = 0 point; beside it mean KL to the behaviour policy vs K with
+    the 0.01 / 0.03 guides."""
+    part = table[table["env"] == env]
+    zero = part[part["K"] == 0]
+    fig, (ret_ax, kl_ax) = figures.figure(1, 2, figsize=(11.0, 4.2))
+    for i, correction in enumerate(c for c in dict.fromkeys(part["correction"]) if c != "-"):
+        line = pd.concat([zero, part[part["correction"] == correction]]).sort_values("K")
+        x, y = line["K"].to_numpy(float), line["norm_mean"].to_numpy(float)
+        err = np.abs(np.vstack([y - line["norm_ci_low"].to_numpy(float), line["norm_ci_high"].to_numpy(float) - y]))
+        color = f"C{i}"  # one colour per correction in both panels
+        ret_ax.errorbar(x, y, yerr=np.nan_to_num(err), marker="o", capsize=3, color=color, label=correction)
+        kl_ax.plot(x, line["approx_kl"].to_numpy(float), marker="o", color=color)
+    ret_ax.set(xlabel="lag K (versions)", ylabel="final eval, normalised (1 = reference; 95% CI)", title=env)
+    kl_ax.set(xlabel="lag K (versions)", ylabel="mean approx KL to the behaviour policy", title=f"{env}: KL vs K")
+    figures.kl_guides(kl_ax)
+    ks = sorted(int(k) for k in part["K"].unique())
+    for ax in (ret_ax, kl_ax):
+        ax.set_xscale("symlog", linthresh=1)  # K = 0, 1, 2, 4, 8 evenly spaced from 1 on
+        ax.set_xticks(ks, labels=[str(k) for k in ks])
+        ax.grid(alpha=0.3)
+    figures.legend_outside(fig, ret_ax, kl_ax)
+    figures.save(fig, path)
+
+
+def figure_path(out: str, env: str) -> str:
+    return os.path.join(out, f"lag_tolerance_{env.replace('/', '_')}.png")
+
+
+def formatted(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with numbers as the summary prints them (pure)."""
+    fmt = lambda v, spec: "-" if not isinstance(v, (int, float)) or not math.isfinite(v) else format(v, spec)  # noqa: E731
+    out = table[["env", "correction", "K", "seeds"]].copy()
+    out["norm (95% CI)"] = [f"{fmt(m, '.2f')} ({fmt(lo, '.2f')}, {fmt(hi, '.2f')})"
+                            for m, lo, hi in zip(table["norm_mean"], table["norm_ci_low"], table["norm_ci_high"])]
+    out["worst"] = table["norm_worst"].map(lambda v: fmt(v, ".2f"))
+    out["eval"] = table["eval_mean"].map(lambda v: fmt(v, ",.0f"))
+    out["steps to target"] = [f"{fmt(s, ',.0f')} ({r}/{n})" for s, r, n in zip(table["steps_to_target"],
+                                                                            table["reached"], table["seeds"])]
+    for name in METRICS:
+        out[name] = table[name].map(lambda v: fmt(v, ".4f"))
+    return out
+
+
+def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
+    """summary.txt: what the columns mean, the table, how it was made."""
+    lines = [
+        "lag tolerance (issue 41 item 2): barrier runs with a fixed lag K (lag.K: every batch made by the policy K "
+        "versions old), one line per correction; K = 0 = the benchmark's barrier runs",
+        "norm = final deterministic evaluation normalised by the env's reference (1 + (score - ref) / |ref|), mean over "
+        "seeds (95% bootstrap CI), worst = the lowest seed;",
+        f"steps to target = mean env steps to the first evaluation >= {args.fraction:g} x K = 0's mean final return "
+        "(seeds reaching it / seeds; '-' for a non-positive return);",
+        "approx_kl (KL to the behaviour policy; 0.01 watch, 0.03 lag is hurting), clip_fraction, ess_fraction = means "
+        "over each run's iterations and the seeds", ""]
+    if table.empty:
+        return lines + ["(no finished runs yet)"]
+    lines.append(formatted(table).to_string(index=False))
+    lines += ["", f"corrections: {', '.join(f'{k} = {v}' for k, v in CORRECTIONS.items() if k in set(table['correction']))}"
+              "; decoupled adds ppo.prox_ewma = 1 - 2 / (SGD steps per iteration)",
+              f"K = 0 from: {args.k0_from or 'OUT/<env>/' + K0}",
+              "command: python experiments/lag_tolerance.py --out experiments/results/lag_tolerance (the whole grid; it "
+              "resumes, skipping finished runs)",
+              f"(this summary written by: python experiments/lag_tolerance.py {' '.join(sys.argv[1:])})"]
+    return lines
+
+
+def summarise(args: Args, out: str) -> pd.DataFrame:
+    """OUT/table.csv, OUT/summary.txt and one figure per env, from the cells' results."""
+    table = lag_table(args, out)
+    table.to_csv(os.path.join(out, "table.csv"), index=False)
+    write_summary(out, summary_lines(table, args))
+    for env in (table["env"].unique() if len(table) else ()):
+        plot_env(table, env, figure_path(out, env))
+    return table
+
+
+def check_args(args: Args) -> None:
+    """SystemExit naming the option for an unknown correction or a lag that is not > 0."""
+    unknown = [c for c in args.corrections if c not in CORRECTIONS]
+    if unknown:
+        raise SystemExit(f"error: --corrections: {unknown[0]!r} is not a correction ({', '.join(CORRECTIONS)})")
+    if not args.ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in args.ks):
+        raise SystemExit(f"error: --ks {list(args.ks)}: lags must be integers >= 1 (K = 0 is the barrier runs)")
+    if not 0.0 < args.fraction <= 1.0:
+        raise SystemExit(f"error: --fraction {args.fraction}: must lie in (0, 1]")
+
+
+def main(args: Args) -> pd.DataFrame:
+    check_args(args)
+    out = args.out or default_out("lag_tolerance", REPO)
+    if args.k0_from is not None:
+        for env in args.envs:
+            check_k0_source(args, env)
+    with Manifest(out, extra={"lag_tolerance": dataclasses.asdict(args)}):
+        table = None
+        for env, correction, k in ([] if args.summarise_only else cells(args)):
+            run_cell(args, out, env, correction, k)
+            table = summarise(args, out)  # the table so far: a long grid shows what it has
+        return summarise(args, out) if table is None else table
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

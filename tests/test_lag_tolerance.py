@@ -1,0 +1,114 @@
+"""experiments/lag_tolerance.py (issue 41 item 2): each cell's config over the benchmark's barrier
+mode, the report's numbers against hand-computed ones, and the whole script end to end on a tiny
+budget: its outputs, a second call that trains nothing (resumable), K = 0 read from another
+benchmark output."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ppo_async.config.paths import replace_paths
+from ppo_async.study import benchmark as bm
+from ppo_async.study.benchmark import runner
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC = importlib.util.spec_from_file_location("lag_tolerance", os.path.join(HERE, "..", "experiments", "lag_tolerance.py"))
+lag_tolerance = importlib.util.module_from_spec(SPEC)
+sys.modules[SPEC.name] = lag_tolerance  # dataclasses look the module up while the script's Args is built
+SPEC.loader.exec_module(lag_tolerance)
+
+HOPPER = "gymnasium/Hopper-v5"
+
+
+def cell_config(env: str, correction: str, k: int, suite: str = "mujoco"):
+    plan = bm.resolve_plan(suite, envs=[env], modes=["barrier"],
+                           changes=lag_tolerance.cell_changes(env, correction, k))
+    return bm.run_config(plan, env, "barrier", 0, None)
+
+
+def test_each_cell_is_the_barrier_run_with_its_lag_and_correction():
+    barrier = cell_config(HOPPER, "-", 0)
+    assert barrier == bm.run_config(bm.resolve_plan("mujoco", envs=[HOPPER], modes=["barrier"]), HOPPER, "barrier", 0, None)
+    assert (barrier.mode, barrier.threaded.barrier, barrier.threaded.num_samplers, barrier.lag.K) == ("threaded", True, 1, 0)
+    assert cell_config(HOPPER, "ppo", 4) == replace_paths(barrier, {"lag.K": 4, "ppo.clip_eps": 0.2})
+    assert cell_config(HOPPER, "dual-clip", 2) == replace_paths(barrier, {"lag.K": 2, "ppo.dual_clip": 3.0})
+    assert cell_config(HOPPER, "vtrace", 8) == replace_paths(barrier, {"lag.K": 8, "ppo.advantage_estimator": "vtrace"})
+    decoupled = cell_config(HOPPER, "decoupled", 1)
+    assert barrier.sgd_steps_per_iteration == 320 and decoupled.ppo.prox_ewma == pytest.approx(0.99375)
+    assert decoupled == replace_paths(barrier, {"lag.K": 1, "ppo.objective": "decoupled", "ppo.is_clip": 2.0,
+                                                "ppo.prox_ewma": 1 - 2 / 320})
+    assert lag_tolerance.ewma_decay(80) == pytest.approx(0.975)  # experiments/lag_sweep.py's value at its 80 steps
+
+
+def test_cell_numbers_hand_computed():
+    runs = pd.DataFrame({"seed": [0, 0, 1, 1], "env_steps": [100, 200, 100, 200], "eval_return": [50.0, 90.0, 85.0, 70.0],
+                         "final": [0, 1, 0, 1]})
+    assert lag_tolerance.steps_to(runs[runs.seed == 0], 80.0) == 200.0
+    assert lag_tolerance.steps_to(runs[runs.seed == 1], 80.0) == 100.0
+    assert math.isnan(lag_tolerance.steps_to(runs[runs.seed == 0], 95.0))
+    assert lag_tolerance.fraction_target(100.0, 0.8) == 80.0 and math.isnan(lag_tolerance.fraction_target(-5.0, 0.8))
+    means = [{"approx_kl": 0.01, "clip_fraction": 0.1, "ess_fraction": 0.9}, {"approx_kl": 0.03, "clip_fraction": math.nan,
+                                                                              "ess_fraction": 0.7}]
+    row = lag_tolerance.cell_row(runs, reference=100.0, target=80.0, means=means)
+    # finals 90 and 70 over a reference of 100: 0.9 and 0.7
+    assert row["seeds"] == 2 and row["eval_mean"] == 80.0
+    assert row["norm_mean"] == pytest.approx(0.8) and row["norm_worst"] == pytest.approx(0.7)
+    assert row["norm_ci_low"] <= 0.8 <= row["norm_ci_high"]
+    assert row["steps_to_target"] == 150.0 and row["reached"] == 2
+    assert row["approx_kl"] == pytest.approx(0.02) and row["clip_fraction"] == pytest.approx(0.1)
+    assert row["ess_fraction"] == pytest.approx(0.8)
+
+
+def test_bad_options_are_one_line_errors():
+    for args, match in ((lag_tolerance.Args(corrections=("nope",)), "--corrections"),
+                        (lag_tolerance.Args(ks=(0, 2)), "--ks"), (lag_tolerance.Args(fraction=1.5), "--fraction")):
+        with pytest.raises(SystemExit, match=match):
+            lag_tolerance.check_args(args)
+
+
+TINY = dict(suite="classic", envs=("Pendulum-v1",), total_env_steps=2048, seeds=1, ks=(1,),
+            corrections=("ppo", "decoupled"), eval_every_steps=1024, eval_episodes=2, progress=False)
+
+
+def test_the_script_end_to_end_on_a_tiny_budget(tmp_path, monkeypatch):
+    out = str(tmp_path / "lt")
+    table = lag_tolerance.main(lag_tolerance.Args(**TINY, out=out))
+    assert [(r.correction, r.K) for r in table.itertuples()] == [("-", 0), ("ppo", 1), ("decoupled", 1)]
+    assert (table["seeds"] == 1).all() and table["eval_mean"].notna().all() and table["approx_kl"].notna().all()
+    assert table["ess_fraction"].between(0, 1).all()
+    for cell in ("barrier-K0", "ppo-K1", "decoupled-K1"):  # each cell a benchmark output of its own
+        cell_dir = os.path.join(out, "Pendulum-v1", cell)
+        results = bm.results_frame(cell_dir)
+        assert results["final"].sum() == 1 and os.path.isfile(os.path.join(cell_dir, "manifest.json"))
+    with open(os.path.join(out, "Pendulum-v1", "ppo-K1", bm.SPEC_FILE), encoding="utf-8") as f:
+        spec = json.load(f)
+    assert spec["configs"]["Pendulum-v1 barrier"]["lag"]["K"] == 1
+    # the lag was the schedule's: every batch after warm-up one version old
+    run = bm.run_dir_of(os.path.join(out, "Pendulum-v1", "ppo-K1"), "Pendulum-v1", "barrier", 0)
+    assert [r["lag"] for r in map(json.loads, open(os.path.join(run, "version_schedule.jsonl")))] == [0, 1]
+    for name in ("table.csv", "summary.txt", "lag_tolerance_Pendulum-v1.png", "manifest.json"):
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        assert json.load(f)["completed"] is True
+    # a second call trains nothing: every run is finished
+    monkeypatch.setattr(runner, "train_run", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    again = lag_tolerance.main(lag_tolerance.Args(**TINY, out=out))
+    pd.testing.assert_frame_equal(again, table)
+    # K = 0 read from another benchmark output with the same barrier config (read only)
+    k0 = os.path.join(out, "Pendulum-v1", "barrier-K0")
+    other = str(tmp_path / "other")
+    reused = lag_tolerance.main(lag_tolerance.Args(**TINY, out=other, k0_from=k0, summarise_only=True))
+    assert [(r.correction, r.K) for r in reused.itertuples()] == [("-", 0)]  # no cell of its own yet
+    assert reused["eval_mean"].item() == table.loc[table.K == 0, "eval_mean"].item()
+    assert not os.path.exists(os.path.join(other, "Pendulum-v1", "barrier-K0"))  # read there, not run here
+    with pytest.raises(SystemExit, match="differ from this call's K = 0 in eval_episodes"):
+        lag_tolerance.main(lag_tolerance.Args(**{**TINY, "eval_episodes": 3}, out=other, k0_from=k0))
+    assert np.isfinite(table["norm_mean"]).all()  # Pendulum-v1 has a normalising reference
