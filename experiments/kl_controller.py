@@ -1,208 +1,404 @@
 """Does the online KL controller (`threaded.kl_target`) rescue a bad asynchronous setting?
 
-    python experiments/kl_controller.py              # Pendulum-v1, 5 seeds, ~15 min on 2 cores
-    python experiments/kl_controller.py --quick      # smoke run: 2 seeds, tiny budgets, into runs/experiments/kl_controller/quick
-    python experiments/kl_controller.py --env brax/inverted_pendulum --total-env-steps 1000000
-    python experiments/kl_controller.py --env brax/inverted_pendulum --threshold 900 \
-        --out experiments/results/kl_controller/brax/inverted_pendulum --summarise-only   # summary.txt again, no training
+Started from a bad setting, does it hold the iterations under the target and reach a return as
+fast as the best fixed setting of a grid, chosen after the fact?
 
-Three settings, each `num_seeds` threaded runs of `total_env_steps`, in a slow-simulator regime
-(sampler i waits `pattern[i mod 4]` ms per env step, (1, 1, 1, 4): every fourth sampler is a
-4x straggler):
-  bad         deliberately bad: `bad_samplers` samplers (6: more than the learner can take),
-              a `bad_buffer_chunks`-chunk ring buffer (64) and refresh_lag `bad_refresh_lag` (4)
-  controlled  the bad setting with the KL controller on, `threaded.kl_target = kl_target`
-  best_fixed  the setting `ppo_async.study.tune` chooses on the same regime (run first, from the bad
-              setting, its output in OUT/tune; a finished tune there is reused)
-Reported per setting (mean ± 95% CI over seeds): the fraction of post-warm-up iterations (after
-the first 20%) whose approx_kl is at or below 1.25 x the target (the target: >= 80% for
-`controlled`); final return (last 25% of iterations); mean return over the run (return per env
-step); median env steps and wall-clock seconds to `threshold`; consumer env steps/s; and, for
-`controlled`, where the controller settled (active samplers, refresh_lag, max_lag at the end).
+    python experiments/kl_controller.py                          # both tasks, 3 seeds (hours on 2 cores)
+    python experiments/kl_controller.py --tasks pendulum         # one task
+    python experiments/kl_controller.py --quick --out /tmp/klc   # smoke run: tiny budgets, 1 seed (a minute or two)
+    python experiments/kl_controller.py --summarise-only --out DIR   # summary and figures again from DIR, no training
+    python experiments/kl_controller.py --out experiments/results/kl_controller   # publish
 
-Writes OUT/runs.csv (one row per run), OUT/curves.csv.gz (per iteration), OUT/summary.txt,
-return_vs_env_steps.png, return_vs_wall_clock.png, kl_over_time.png and manifest.json. OUT defaults
-to runs/experiments/kl_controller/ENV (git-ignored): publish with
---out experiments/results/kl_controller/ENV. `--summarise-only` writes summary.txt again from
-OUT/runs.csv and OUT/tune/chosen_config.json (the same arguments as the run, no training); its
-manifest keeps the manifest of the run that made the data as `derived_from`.
+Per task (`TASKS`), a slow-simulator regime: each sampler sleeps `latency_ms` per env step and
+the last one 4x that (one straggler at every sampler count). Settings, each `num_seeds` threaded
+runs of the task's `total_env_steps`:
+  controlled        the bad start (`bad_samplers` samplers, a `bad_buffer_chunks`-chunk ring
+                    buffer, refresh_lag `bad_refresh_lag`) with the KL controller on at
+                    `kl_target` (two actuators: the lag knobs on kl_staleness, the learning
+                    rate on kl_update; `ppo_async.core.kl_control`)
+  fixed-sN-bM       every point of the fixed grid: N samplers x an M-chunk buffer (refresh_lag 1,
+                    no controller), `grid_samplers` x `grid_buffer_chunks` (3 x 3)
+Tasks: `pendulum` (Pendulum-v1: the setting of issue 42, 6 samplers, 1 ms per step, a
+16,384-transition buffer at the grid's centre) and `hopper` (gymnasium/Hopper-v5, its preset:
+8 samplers, +5 ms per env step).
+
+Per run: wall-clock seconds (and env steps) to the task's `threshold` return, final return
+(mean episode return over the last 25% of iterations), the fraction of post-warm-up iterations
+(after the first 20%) whose approx_kl is at most 1.25 x the target (and at most the target),
+mean approx_kl and its parts, consumer env steps/s; for `controlled`, where the knobs and the
+learning-rate scale ended. The summary gives per setting the median seconds to the return (runs
+that reached it / all), and mean ± 95% CI of the rest over seeds.
+
+OUT (default runs/experiments/kl_controller, git-ignored) holds per task TASK/runs/SETTING/seedK/
+(curve.csv.gz: the run's rows, `CURVE_COLUMNS` and whether the iteration measured a KL; row.json: its measurements, written last: a run with a row.json
+is finished and is skipped when the script runs again; one without is run again from the start,
+since a wall-clock to return must be one process's), TASK/runs.csv, and OUT/summary.txt,
+kl_per_iteration.png (the controlled runs' approx_kl per iteration, its parts, the target and
+the level the controller aims at, target / margin), knobs_over_time.png (active samplers,
+refresh_lag, max_lag, learning-rate scale of the controlled runs), wall_clock_grid.png (median
+seconds to the return over the fixed grid, the controlled runs' beside it) and manifest.json.
 """
 
 from __future__ import annotations
 
-from ppo_async.runtime.xla_flags import apply_cpu_workarounds, enable_compilation_cache
-
-apply_cpu_workarounds()  # entry point: before JAX starts (see ppo_async/xla_flags.py)
-enable_compilation_cache()
-
 import dataclasses
 import json
+import math
 import os
-import shlex
-import sys
+import shutil
 import time
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async.report import analysis, plots, stats
 from ppo_async.config import replace_paths
+from ppo_async.report import analysis, figures, stats
 from ppo_async.study.manifest import Manifest, default_out, read_manifest, write_summary
-from ppo_async.study.tune import with_latency
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-SETTINGS = ("bad", "controlled", "best_fixed")
+WARMUP_FRACTION = 0.2  # iterations left out of the KL fractions (the controller's warm-up and first moves)
+CURVE_COLUMNS = ("iteration", "env_steps", "wall_time", "episode_return", "approx_kl", "kl_staleness", "kl_update",
+                 "kl_cross", "learning_rate", "lag_mean", "controller_active_samplers", "controller_refresh_lag",
+                 "controller_max_lag", "controller_lr_scale", "controller_margin", "controller_staleness_aim",
+                 "controller_update_aim", "controller_action", "controller_lr_action", "controller_reason")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One environment's regime, bad start, fixed grid and budget."""
+
+    env: str
+    threshold: float  # the return whose wall-clock is measured
+    total_env_steps: int
+    latency_ms: float  # per env step, every sampler but the last (which takes 4x)
+    bad_samplers: int
+    bad_buffer_chunks: int
+    bad_refresh_lag: int
+    grid_samplers: tuple[int, ...]
+    grid_buffer_chunks: tuple[int, ...]
+    slow_factor: float = 4.0
+
+
+TASKS = {
+    # issue 42's setting: 6 samplers, one 4x straggler, a 16,384-transition buffer (16 chunks of 16 x 64)
+    "pendulum": Task("Pendulum-v1", threshold=-400.0, total_env_steps=300_000, latency_ms=1.0, bad_samplers=6,
+                     bad_buffer_chunks=64, bad_refresh_lag=4, grid_samplers=(2, 4, 6), grid_buffer_chunks=(4, 16, 64)),
+    # the slow-simulator regime: 8 samplers, +5 ms per env step, one sampler 4x slower
+    "hopper": Task("gymnasium/Hopper-v5", threshold=1000.0, total_env_steps=1_000_000, latency_ms=5.0, bad_samplers=8,
+                   bad_buffer_chunks=64, bad_refresh_lag=4, grid_samplers=(2, 4, 8), grid_buffer_chunks=(4, 16, 64)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Args:
-    env: str = "Pendulum-v1"
-    num_seeds: int = 5
-    total_env_steps: int = 300_000
-    pattern: tuple[float, ...] = (1.0, 1.0, 1.0, 4.0)
-    bad_samplers: int = 6
-    bad_buffer_chunks: int = 64
-    bad_refresh_lag: int = 4
-    kl_target: float = 0.02
-    threshold: float = -400.0
-    """Return for the steps / wall-clock to threshold (Pendulum-v1: -400 is a policy that swings up)."""
+    tasks: tuple[str, ...] = ("pendulum", "hopper")
+    """Tasks to run (`TASKS`)."""
+    num_seeds: int = 3
+    kl_target: float = 0.008
+    """The controller's target (rl_games' threshold) and the KL fractions' reference."""
     out: str | None = None
-    """Output folder (default runs/experiments/kl_controller/ENV with / as _, git-ignored)."""
+    """Output folder (default runs/experiments/kl_controller, git-ignored)."""
     quick: bool = False
-    """2 seeds and a tiny budget, written to runs/experiments/kl_controller/quick unless --out (a smoke run)."""
+    """Smoke run: 1 seed, 12 learner iterations a run, 0.2 ms per env step (written to runs/experiments/kl_controller/quick unless --out)."""
     summarise_only: bool = False
-    """Write OUT/summary.txt again from OUT/runs.csv and OUT/tune/chosen_config.json: no training."""
+    """Write summary.txt and the figures again from OUT's finished runs: no training."""
 
 
-def bad_config(args: Args) -> pa.Config:
-    base = pa.config_for_env(args.env, {"mode": "threaded", "total_env_steps": args.total_env_steps})
-    start = replace_paths(base, {"threaded.num_samplers": len(args.pattern),
-                                 "threaded.sampler_step_latency_ms": tuple(args.pattern)})
-    changes = {"threaded.num_samplers": args.bad_samplers, "threaded.refresh_lag": args.bad_refresh_lag,
-               "threaded.buffer_capacity": args.bad_buffer_chunks * base.chunk_size}
-    return replace_paths(start, with_latency(start, changes))
+def quick_task(task: Task) -> Task:
+    """`task` at a smoke budget: 12 learner iterations of its batch, 0.2 ms per env step."""
+    batch = pa.config_for_env(task.env, {"mode": "threaded"}).batch_size
+    return dataclasses.replace(task, total_env_steps=12 * batch, latency_ms=0.2)
 
 
-def settings(args: Args, out: str) -> dict[str, pa.Config]:
-    bad = bad_config(args)
-    tuned = pa.tune(bad, kl_target=args.kl_target, out=os.path.join(out, "tune"), progress=True)
-    return {"bad": bad, "controlled": replace_paths(bad, {"threaded.kl_target": args.kl_target}),
-            "best_fixed": tuned.config}
+def latencies(task: Task, samplers: int) -> tuple[float, ...]:
+    """Per-sampler env-step latency: `latency_ms` each, the last sampler `slow_factor` x that."""
+    return (task.latency_ms,) * (samplers - 1) + (task.latency_ms * task.slow_factor,)
 
 
-def within_target(df: pd.DataFrame, target: float, warmup_fraction: float = 0.2) -> float:
-    """Fraction of the post-warm-up iterations whose approx_kl is at most 1.25 x target (of those
-    that measured a KL: an iteration whose samples were all dropped as stale does not count)."""
-    kl = analysis.measured_kl(df)[int(len(df) * warmup_fraction):]
+def setting_config(task: Task, samplers: int, buffer_chunks: int, refresh_lag: int, kl_target: float | None) -> pa.Config:
+    """The task's preset in threaded mode with these knobs (and the controller at `kl_target`, None = off)."""
+    base = pa.config_for_env(task.env, {"mode": "threaded", "total_env_steps": task.total_env_steps})
+    return replace_paths(base, {"threaded.num_samplers": samplers, "threaded.sampler_step_latency_ms": latencies(task, samplers),
+                                "threaded.buffer_capacity": buffer_chunks * base.chunk_size,
+                                "threaded.refresh_lag": refresh_lag, "threaded.kl_target": kl_target})
+
+
+def settings(task: Task, kl_target: float) -> dict[str, pa.Config]:
+    """`controlled` (the bad start with the controller) and every fixed grid point, by name."""
+    configs = {"controlled": setting_config(task, task.bad_samplers, task.bad_buffer_chunks, task.bad_refresh_lag, kl_target)}
+    for samplers in task.grid_samplers:
+        for chunks in task.grid_buffer_chunks:
+            configs[f"fixed-s{samplers}-b{chunks}"] = setting_config(task, samplers, chunks, 1, None)
+    return configs
+
+
+def kl_fractions(df: pd.DataFrame, target: float) -> tuple[float, float]:
+    """Fractions of the post-warm-up iterations whose approx_kl is at most 1.25 x target and at
+    most target (of those that measured a KL: an iteration whose samples were all stale does not count)."""
+    kl = analysis.measured_kl(df)[int(len(df) * WARMUP_FRACTION):]
     kl = kl[np.isfinite(kl)]
-    return float(np.mean(kl <= 1.25 * target)) if len(kl) else np.nan
+    if not len(kl):
+        return math.nan, math.nan
+    return float(np.mean(kl <= 1.25 * target)), float(np.mean(kl <= target))
 
 
-def run_one(name: str, config: pa.Config, seed: int, args: Args) -> tuple[dict, pd.DataFrame]:
-    df = pa.train(config.replace(seed=seed)).to_dataframe()
-    m = analysis.run_measurements(df)
-    steps, seconds = analysis.first_reach(df, args.threshold)
-    returns = pd.to_numeric(df.episode_return, errors="coerce")
-    row = {"setting": name, "seed": seed, **m, "within_target": within_target(df, args.kl_target),
-           "mean_return": float(returns.mean()), "steps_to_threshold": steps, "seconds_to_threshold": seconds}
-    if "controller_active_samplers" in df.columns:
+def measure(df: pd.DataFrame, task: Task, name: str, seed: int, config: pa.Config, target: float) -> dict[str, Any]:
+    """One run's row of runs.csv from its metrics rows."""
+    m = analysis.run_measurements(df, warmup_fraction=WARMUP_FRACTION)
+    steps, seconds = analysis.first_reach(df, task.threshold)
+    within, under = kl_fractions(df, target)
+    tail = df.iloc[int(len(df) * WARMUP_FRACTION):]
+    row = {"setting": name, "seed": seed, "samplers": config.threaded.num_samplers,
+           "buffer_chunks": config.buffer_capacity_chunks, "controlled": config.threaded.kl_target is not None,
+           "seconds_to_return": seconds, "steps_to_return": steps, "final_return": m["final_return"],
+           "within_1_25_target": within, "under_target": under, "approx_kl_mean": m["approx_kl_mean"],
+           "consumer_steps_per_s": m["consumer_steps_per_s"], "wall_time": float(df.wall_time.iloc[-1])}
+    for part in ("kl_staleness", "kl_update"):
+        row[f"{part}_mean"] = float(pd.to_numeric(tail[part], errors="coerce").mean()) if part in df.columns else math.nan
+    if row["controlled"]:
         last = df.iloc[-1]
-        max_lag = last.controller_max_lag
         row.update(final_active_samplers=int(last.controller_active_samplers), final_refresh_lag=int(last.controller_refresh_lag),
-                   final_max_lag="none" if pd.isna(max_lag) else int(max_lag), adjustments=int(last.controller_adjustments))
-    print(f"  {name} seed {seed}: KL within target {row['within_target']:.0%}, mean KL {m['approx_kl_mean']:.4f}, "
-          f"return {m['final_return']:.1f}, {m['consumer_steps_per_s']:,.0f} env steps/s", flush=True)
-    curve = df[["iteration", "env_steps", "wall_time", "episode_return", "approx_kl"]].assign(setting=name, seed=seed)
-    return row, curve
+                   final_max_lag=None if pd.isna(last.controller_max_lag) else int(last.controller_max_lag),
+                   final_lr_scale=float(last.controller_lr_scale), adjustments=int(last.controller_adjustments),
+                   lr_adjustments=int(last.controller_lr_adjustments))
+    return row
 
 
-def summary_text(runs: pd.DataFrame, args: Args, configs: dict[str, pa.Config]) -> list[str]:
-    def pm(values, fmt: str) -> str:
-        mean, half = stats.mean_ci95(values)
-        return f"{mean:{fmt}} ± {half:{fmt}}" if np.isfinite(half) else f"{mean:{fmt}}"
+def run_dir_of(out: str, task_name: str, setting: str, seed: int) -> str:
+    return os.path.join(out, task_name, "runs", setting, f"seed{seed}")
 
-    lines = [f"KL controller: {args.env}, {args.num_seeds} seeds x {args.total_env_steps:,} env steps, latency pattern "
-             f"{args.pattern} ms per step (cyclic), KL target {args.kl_target}", ""]
-    for name, config in configs.items():
-        t = config.threaded
-        lines.append(f"{name}: {t.num_samplers} samplers, buffer {config.buffer_capacity_chunks} chunks, refresh_lag "
-                     f"{t.refresh_lag}, max_lag {config.lag.max_lag}, kl_target {t.kl_target}, envs x steps "
-                     f"{config.rollout.num_envs} x {config.rollout.num_steps}, clip {config.ppo.clip_eps}, epochs "
-                     f"{config.ppo.num_epochs}, minibatches {config.ppo.num_minibatches}")
-    lines += ["", f"| setting | KL <= 1.25 x target | mean KL | final return | mean return | steps to {args.threshold:g} "
-              f"| seconds to {args.threshold:g} | env steps/s |", "|---|---|---|---|---|---|---|---|"]
-    for name, rows in runs.groupby("setting", sort=False):
-        reached = rows.steps_to_threshold.notna() & np.isfinite(rows.steps_to_threshold)
-        steps = f"{rows.steps_to_threshold[reached].median() / 1000:.0f}k ({reached.sum()}/{len(rows)})" if reached.any() else f"- (0/{len(rows)})"
-        secs = f"{rows.seconds_to_threshold[reached].median():.1f}" if reached.any() else "-"
-        lines.append(f"| {name} | {pm(rows.within_target * 100, '.0f')}% | {pm(rows.approx_kl_mean, '.4f')} | "
-                     f"{pm(rows.final_return, '.0f')} | {pm(rows.mean_return, '.0f')} | {steps} | {secs} | "
-                     f"{pm(rows.consumer_steps_per_s, ',.0f')} |")
+
+def run_one(out: str, task_name: str, task: Task, name: str, config: pa.Config, seed: int, target: float) -> dict[str, Any]:
+    """One run, or its row when it finished before (row.json); an unfinished one starts again."""
+    where = run_dir_of(out, task_name, name, seed)
+    row_path = os.path.join(where, "row.json")
+    if os.path.isfile(row_path):
+        with open(row_path, encoding="utf-8") as f:
+            return json.load(f)
+    shutil.rmtree(where, ignore_errors=True)  # an unfinished run: its wall-clock would not be one process's
+    os.makedirs(where)
+    df = pa.train(config.replace(seed=seed), progress=False).to_dataframe()
+    curve = df[[c for c in CURVE_COLUMNS if c in df.columns]].assign(kl_measured=np.isfinite(analysis.measured_kl(df)))
+    curve.to_csv(os.path.join(where, "curve.csv.gz"), index=False)
+    row = measure(df, task, name, seed, config, target)
+    with open(row_path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(row, f, indent=1)
+    os.replace(row_path + ".tmp", row_path)  # the run counts as finished from here
+    print(f"  {task_name} {name} seed {seed}: KL <= 1.25 x target {within_text(row)}, return {row['final_return']:.1f}, "
+          f"{row['seconds_to_return']:.0f} s to {task.threshold:g}", flush=True)
+    return row
+
+
+def within_text(row: dict[str, Any]) -> str:
+    value = row["within_1_25_target"]
+    return "-" if value is None or not np.isfinite(value) else f"{value:.0%}"
+
+
+def finished_rows(out: str, task_name: str) -> pd.DataFrame:
+    """The rows of every finished run of a task under OUT (row.json files)."""
+    rows = []
+    base = os.path.join(out, task_name, "runs")
+    for setting in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        for seed_dir in sorted(os.listdir(os.path.join(base, setting))):
+            path = os.path.join(base, setting, seed_dir, "row.json")
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8") as f:
+                    rows.append(json.load(f))
+    return pd.DataFrame(rows)
+
+
+def curves_of(out: str, task_name: str, setting: str) -> list[pd.DataFrame]:
+    """The per-iteration rows of a setting's finished runs, one frame per seed."""
+    base = os.path.join(out, task_name, "runs", setting)
+    frames = []
+    for seed_dir in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        if os.path.isfile(os.path.join(base, seed_dir, "row.json")):
+            frames.append(pd.read_csv(os.path.join(base, seed_dir, "curve.csv.gz")).assign(seed=seed_dir))
+    return frames
+
+
+# --------------------------------------------------------------------------------------
+# summary
+# --------------------------------------------------------------------------------------
+
+
+def pm(values: pd.Series, fmt: str) -> str:
+    """`mean ± 95% CI half-width` of the finite values ('-' when none)."""
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    if not len(values):
+        return "-"
+    mean, half = stats.mean_ci95(values)
+    return f"{mean:{fmt}} ± {half:{fmt}}" if np.isfinite(half) else f"{mean:{fmt}}"
+
+
+def to_return_text(rows: pd.DataFrame) -> str:
+    """Median seconds to the return over the runs that reached it, and how many did."""
+    seconds = pd.to_numeric(rows.seconds_to_return, errors="coerce")
+    reached = np.isfinite(seconds)
+    median = f"{seconds[reached].median():.0f}" if reached.any() else "-"
+    return f"{median} ({int(reached.sum())}/{len(rows)})"
+
+
+def task_lines(task_name: str, task: Task, runs: pd.DataFrame, target: float) -> list[str]:
+    """One task's table (a row per setting, controlled first) and where the controller ended."""
+    lines = [f"## {task_name}: {task.env}, {task.total_env_steps:,} env steps, {task.latency_ms:g} ms per env step "
+             f"(the last sampler {task.slow_factor:g}x), KL target {target:g}, return threshold {task.threshold:g}", "",
+             f"controlled starts from {task.bad_samplers} samplers, a {task.bad_buffer_chunks}-chunk buffer, refresh_lag "
+             f"{task.bad_refresh_lag}; the fixed grid has refresh_lag 1", "",
+             f"| setting | seconds to {task.threshold:g} (reached) | final return | KL <= 1.25 x target | KL <= target "
+             "| mean KL | staleness | update | env steps/s |", "|---|---|---|---|---|---|---|---|---|"]
+    grid = runs.drop_duplicates("setting").sort_values(["controlled", "samplers", "buffer_chunks"],
+                                                       ascending=[False, True, True])
+    for name in grid.setting:
+        rows = runs[runs.setting == name]
+        lines.append(f"| {name} | {to_return_text(rows)} | {pm(rows.final_return, '.0f')} | "
+                     f"{pm(rows.within_1_25_target * 100, '.0f')}% | {pm(rows.under_target * 100, '.0f')}% | "
+                     f"{pm(rows.approx_kl_mean, '.4f')} | {pm(rows.kl_staleness_mean, '.4f')} | "
+                     f"{pm(rows.kl_update_mean, '.4f')} | {pm(rows.consumer_steps_per_s, ',.0f')} |")
     controlled = runs[runs.setting == "controlled"]
-    if "final_active_samplers" in controlled.columns and len(controlled):
+    if len(controlled) and "final_active_samplers" in controlled.columns:
         lines.append("\ncontrolled, at the end (per seed): " + "; ".join(
-            f"{int(r.final_active_samplers)} samplers, refresh_lag {int(r.final_refresh_lag)}, max_lag {r.final_max_lag}, "
-            f"{int(r.adjustments)} adjustments" for r in controlled.itertuples()))
-    return lines
+            f"{int(r.final_active_samplers)} samplers, refresh_lag {int(r.final_refresh_lag)}, max_lag "
+            f"{'none' if pd.isna(r.final_max_lag) else int(r.final_max_lag)}, lr x {r.final_lr_scale:.3g}, "
+            f"{int(r.adjustments)} knob and {int(r.lr_adjustments)} lr changes" for r in controlled.itertuples()))
+    return lines + [""]
 
 
-def plot(curves: pd.DataFrame, args: Args, out: str) -> None:
-    runs = {name: group.drop(columns="setting") for name, group in curves.groupby("setting", sort=False)}
-    plots.compare_runs(runs, out)
+# --------------------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------------------
 
 
-def command() -> str:
-    """This script's command line as the summary's last line quotes it."""
-    return f"python experiments/kl_controller.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}".rstrip()
+def measured_only(df: pd.DataFrame) -> pd.DataFrame:
+    """A curve with the KL columns NaN in the iterations that measured none (every sample stale:
+    the update reports 0 there; `kl_measured`, from `analysis.measured_kl` when the run was saved)."""
+    unmeasured = ~df.kl_measured.astype(bool)
+    return df.assign(**{c: df[c].mask(unmeasured) for c in ("approx_kl", "kl_staleness", "kl_update") if c in df.columns})
 
 
-def summarise_only(args: Args, out: str) -> None:
-    """summary.txt from OUT/runs.csv and the configs of a finished run (`bad_config` of the same
-    arguments and OUT/tune/chosen_config.json): `summary_text` as the run writes it."""
-    runs = pd.read_csv(os.path.join(out, "runs.csv"))
-    with open(os.path.join(out, "tune", "chosen_config.json"), encoding="utf-8") as f:
-        tuned = pa.config_from_dict(json.load(f))
-    bad = bad_config(args)
-    configs = {"bad": bad, "controlled": replace_paths(bad, {"threaded.kl_target": args.kl_target}), "best_fixed": tuned}
-    text = summary_text(runs, args, configs) + [f"\n(summarised from runs.csv and tune/chosen_config.json, no training; {command()})"]
-    write_summary(out, text)
-    print(f"wrote {out}/summary.txt")
+def plot_kl(out: str, tasks: dict[str, Task], target: float) -> None:
+    """Per task, the controlled runs' approx_kl per iteration (each seed), its parts (seed
+    mean), the target, 1.25 x target and the level the controller aims at (target / margin)."""
+    fig, axes = figures.grid_figure(len(tasks), width=6.0, height=3.8)
+    for ax, (task_name, task) in zip(axes, tasks.items()):
+        frames = [measured_only(df) for df in curves_of(out, task_name, "controlled")]
+        for i, df in enumerate(frames):
+            ax.plot(df.iteration, df.approx_kl, color="C0", alpha=0.5, linewidth=0.8, label="approx_kl" if i == 0 else None)
+        if frames:
+            mean = pd.concat(frames).groupby("iteration").mean(numeric_only=True)
+            ax.plot(mean.index, mean.kl_staleness, color="C1", linewidth=1.0, label="kl_staleness (seed mean)")
+            ax.plot(mean.index, mean.kl_update, color="C2", linewidth=1.0, label="kl_update (seed mean)")
+            ax.plot(mean.index, target / mean.controller_margin, color="k", linestyle=":", label="target / margin (aim)")
+        ax.axhline(target, color="C3", linestyle="--", linewidth=1.0, label=f"target {target:g}")
+        ax.axhline(1.25 * target, color="C3", linestyle=":", linewidth=1.0, label="1.25 x target")
+        ax.set(yscale="log", xlabel="learner iteration", ylabel="KL", title=f"{task_name}: controlled")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    figures.save(fig, os.path.join(out, "kl_per_iteration.png"))
+
+
+KNOBS = (("controller_active_samplers", "active samplers", "linear"), ("controller_refresh_lag", "refresh_lag", "linear"),
+         ("controller_max_lag", "max_lag (gap: unlimited)", "linear"), ("controller_lr_scale", "learning-rate scale", "log"))
+
+
+def plot_knobs(out: str, tasks: dict[str, Task]) -> None:
+    """Per task and knob, the controlled runs' value per iteration (each seed)."""
+    fig, axes = figures.grid_figure(len(tasks) * len(KNOBS), width=4.5, height=3.0)
+    for t, task_name in enumerate(tasks):
+        frames = curves_of(out, task_name, "controlled")
+        for k, (column, label, scale) in enumerate(KNOBS):
+            ax = axes[t * len(KNOBS) + k]
+            for df in frames:
+                ax.step(df.iteration, pd.to_numeric(df[column], errors="coerce"), where="post", linewidth=0.9,
+                        label=str(df.seed.iloc[0]))
+            ax.set(yscale=scale, xlabel="learner iteration", title=f"{task_name}: {label}")
+            ax.grid(alpha=0.3)
+        axes[t * len(KNOBS)].legend(fontsize=7)
+    figures.save(fig, os.path.join(out, "knobs_over_time.png"))
+
+
+def plot_grid(out: str, tasks: dict[str, Task], runs: dict[str, pd.DataFrame]) -> None:
+    """Per task, the median seconds to the return of each fixed grid point (samplers x buffer
+    chunks; '-' where no seed reached it), the controlled runs' median in the title."""
+    fig, axes = figures.grid_figure(len(tasks), width=5.0, height=4.0)
+    for ax, (task_name, task) in zip(axes, tasks.items()):
+        df = runs.get(task_name, pd.DataFrame())
+        cells = np.full((len(task.grid_samplers), len(task.grid_buffer_chunks)), np.nan)
+        for i, samplers in enumerate(task.grid_samplers):
+            for j, chunks in enumerate(task.grid_buffer_chunks):
+                rows = df[df.setting == f"fixed-s{samplers}-b{chunks}"] if len(df) else df
+                seconds = pd.to_numeric(rows.seconds_to_return, errors="coerce") if len(rows) else pd.Series([], dtype=float)
+                if np.isfinite(seconds).any():
+                    cells[i, j] = float(seconds[np.isfinite(seconds)].median())
+        ax.imshow(cells, cmap="viridis_r", aspect="auto")
+        for (i, j), value in np.ndenumerate(cells):
+            ax.text(j, i, "not reached" if np.isnan(value) else f"{value:.0f} s", ha="center", va="center",
+                    color="0.3" if np.isnan(value) else "w")
+        ax.set(xticks=range(len(task.grid_buffer_chunks)), xticklabels=task.grid_buffer_chunks, xlabel="buffer (chunks)",
+               yticks=range(len(task.grid_samplers)), yticklabels=task.grid_samplers, ylabel="samplers")
+        controlled = df[df.setting == "controlled"] if len(df) else df
+        ax.set_title(f"{task_name}: seconds to {task.threshold:g}\ncontrolled: "
+                     f"{to_return_text(controlled) if len(controlled) else '-'}", fontsize=9)
+    figures.save(fig, os.path.join(out, "wall_clock_grid.png"))
+
+
+# --------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------
+
+
+def tasks_of(args: Args) -> dict[str, Task]:
+    unknown = [t for t in args.tasks if t not in TASKS]
+    if unknown:
+        raise SystemExit(f"unknown task(s) {unknown}: choose from {sorted(TASKS)}")
+    return {name: quick_task(TASKS[name]) if args.quick else TASKS[name] for name in args.tasks}
+
+
+def summarise(out: str, tasks: dict[str, Task], target: float, note: str) -> None:
+    """runs.csv per task, summary.txt and the three figures from OUT's finished runs."""
+    runs, lines = {}, [f"# KL controller against a fixed grid (target {target:g})", ""]
+    for task_name, task in tasks.items():
+        runs[task_name] = finished_rows(out, task_name)
+        if len(runs[task_name]):
+            runs[task_name].to_csv(os.path.join(out, task_name, "runs.csv"), index=False)
+            lines += task_lines(task_name, task, runs[task_name], target)
+    write_summary(out, lines + [note])
+    plot_kl(out, tasks, target)
+    plot_knobs(out, tasks)
+    plot_grid(out, tasks, runs)
+
+
+def run(args: Args, out: str, tasks: dict[str, Task]) -> None:
+    """Every task, seed and setting not finished yet (seeds outermost: machine-load drift spreads
+    over the settings), then the summary and figures."""
+    t0 = time.perf_counter()
+    for task_name, task in tasks.items():
+        configs = settings(task, args.kl_target)
+        for seed in range(args.num_seeds):
+            for name, config in configs.items():
+                run_one(out, task_name, task, name, config, seed, args.kl_target)
+    summarise(out, tasks, args.kl_target, f"({time.perf_counter() - t0:.0f} s this invocation; finished runs skipped)")
+    print(f"wrote {out}")
 
 
 def main(args: Args) -> None:
     if args.quick:
-        args = dataclasses.replace(args, num_seeds=2, total_env_steps=20_000, bad_buffer_chunks=8,
-                                   out=args.out or default_out(os.path.join("kl_controller", "quick"), REPO))
-    out = args.out or default_out(os.path.join("kl_controller", args.env.replace("/", "_")), REPO)
+        args = dataclasses.replace(args, num_seeds=1, out=args.out or default_out(os.path.join("kl_controller", "quick"), REPO))
+    out = args.out or default_out("kl_controller", REPO)
+    tasks = tasks_of(args)
     if args.summarise_only:
         with Manifest(out, extra={"derived_from": read_manifest(out)}):
-            summarise_only(args, out)
+            summarise(out, tasks, args.kl_target, "(summarised from the finished runs, no training)")
         return
+    from ppo_async.runtime.xla_flags import enable_compilation_cache
+
+    enable_compilation_cache()
     with Manifest(out):
-        run(args, out)
-
-
-def run(args: Args, out: str) -> None:
-    """The tune, then every setting and seed; writes the CSVs, summary.txt and the plots into `out`."""
-    os.makedirs(out, exist_ok=True)
-    t0 = time.perf_counter()
-    configs = settings(args, out)
-    rows, curves = [], []
-    for seed in range(args.num_seeds):  # seeds outermost: machine-load drift spreads over the settings
-        for name in SETTINGS:
-            row, curve = run_one(name, configs[name], seed, args)
-            rows.append(row)
-            curves.append(curve)
-    runs, curves = pd.DataFrame(rows), pd.concat(curves, ignore_index=True)
-    runs.to_csv(os.path.join(out, "runs.csv"), index=False)
-    curves.to_csv(os.path.join(out, "curves.csv.gz"), index=False)
-    plot(curves, args, out)
-    text = summary_text(runs, args, configs) + [f"\n({time.perf_counter() - t0:.0f} s; {command()})"]
-    write_summary(out, text)
-    print(f"wrote {out}")
+        run(args, out, tasks)
 
 
 if __name__ == "__main__":

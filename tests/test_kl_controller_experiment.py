@@ -1,0 +1,83 @@
+"""experiments/kl_controller.py: its settings (the bad start with the controller, the fixed 3 x 3
+grid, one straggler at every sampler count), its KL fractions by hand, and its tiny version end
+to end: every run, the tables, the figures and the manifest; finished runs skipped on a second
+invocation; the summary again without training."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import ppo_async as pa
+from ppo_async.study.manifest import read_manifest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC = importlib.util.spec_from_file_location("kl_controller", os.path.join(HERE, "..", "experiments", "kl_controller.py"))
+script = importlib.util.module_from_spec(SPEC)
+sys.modules[SPEC.name] = script  # dataclasses look the module up while the script's Args is built
+SPEC.loader.exec_module(script)
+
+
+def test_settings_are_the_bad_start_and_the_grid():
+    for name, task in script.TASKS.items():
+        configs = script.settings(task, 0.008)
+        assert len(task.grid_samplers) >= 3 and len(task.grid_buffer_chunks) >= 3, name
+        assert len(configs) == 1 + len(task.grid_samplers) * len(task.grid_buffer_chunks)
+        controlled = configs["controlled"]
+        assert (controlled.threaded.num_samplers, controlled.buffer_capacity_chunks, controlled.threaded.refresh_lag,
+                controlled.threaded.kl_target) == (task.bad_samplers, task.bad_buffer_chunks, task.bad_refresh_lag, 0.008)
+        fixed = configs[f"fixed-s{task.grid_samplers[0]}-b{task.grid_buffer_chunks[-1]}"]
+        assert fixed.threaded.kl_target is None and fixed.threaded.refresh_lag == 1
+        for config in configs.values():
+            latency = config.threaded.sampler_step_latency_ms
+            assert latency == (task.latency_ms,) * (len(latency) - 1) + (task.latency_ms * 4,)  # the last: a 4x straggler
+    hopper = script.settings(script.TASKS["hopper"], 0.008)["controlled"]
+    assert (hopper.env, hopper.threaded.num_samplers, hopper.threaded.sampler_step_latency_ms[0]) == ("gymnasium/Hopper-v5", 8, 5.0)
+    pendulum = script.settings(script.TASKS["pendulum"], 0.008)["fixed-s6-b16"]
+    assert pendulum.threaded.buffer_capacity == 16_384  # issue 42's setting
+
+
+def test_kl_fractions_hand_values():
+    """10 rows: the first 2 are the warm-up; of the other 8 one measured no KL (every sample
+    stale), 5 of the remaining 7 are <= 1.25 x 0.01 and 2 are <= 0.01."""
+    kl = [1.0, 1.0, 0.005, 0.009, 0.0101, 0.012, 0.0124, 0.02, 0.03, 0.0]
+    df = pd.DataFrame({"approx_kl": kl, "dropped_stale": [0] * 9 + [4], "lag_histogram": [[4]] * 10})
+    within, under = script.kl_fractions(df, 0.01)
+    assert (within, under) == pytest.approx((5 / 7, 2 / 7))
+
+
+def test_the_tiny_version_end_to_end(tmp_path, monkeypatch):
+    out = str(tmp_path / "klc")
+    args = script.Args(tasks=("pendulum",), quick=True, out=out)
+    script.main(args)
+    runs = pd.read_csv(os.path.join(out, "pendulum", "runs.csv"))
+    assert len(runs) == 10 and set(runs.seed) == {0}
+    assert runs.within_1_25_target.between(0, 1).all() and (runs.under_target <= runs.within_1_25_target).all()
+    controlled = runs[runs.setting == "controlled"].iloc[0]
+    assert controlled.samplers == 6 and controlled.buffer_chunks == 64 and controlled.final_lr_scale > 0
+    curve = pd.read_csv(os.path.join(out, "pendulum", "runs", "controlled", "seed0", "curve.csv.gz"))
+    assert {"kl_staleness", "kl_update", "controller_lr_scale", "controller_reason", "kl_measured"} <= set(curve.columns)
+    for name in ("summary.txt", "kl_per_iteration.png", "knobs_over_time.png", "wall_clock_grid.png"):
+        assert os.path.isfile(os.path.join(out, name)), name
+    text = open(os.path.join(out, "summary.txt"), encoding="utf-8").read()
+    assert "| controlled |" in text and "| fixed-s6-b64 |" in text
+    manifest = read_manifest(out)
+    assert manifest["completed"] is True and "pendulum/runs.csv" in manifest["files_written"]
+
+    def no_training(*_args, **_kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(pa, "train", no_training)
+    script.main(args)  # every run finished: skipped
+    with open(os.path.join(out, "pendulum", "runs", "controlled", "seed0", "row.json"), encoding="utf-8") as f:
+        assert json.load(f)["setting"] == "controlled"
+    os.remove(os.path.join(out, "summary.txt"))
+    script.main(script.Args(tasks=("pendulum",), quick=True, out=out, summarise_only=True))
+    assert os.path.isfile(os.path.join(out, "summary.txt")) and read_manifest(out)["derived_from"]["completed"] is True
+    assert np.isfinite(pd.read_csv(os.path.join(out, "pendulum", "runs.csv")).consumer_steps_per_s).all()
