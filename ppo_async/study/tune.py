@@ -41,7 +41,8 @@ how many tied. The output directory holds `report.md`,
 `knee.png`, `kl_vs_buffer.png`, `chosen_config.json` (for `train --config`),
 `measurements.jsonl` (one line per run / step-4 setting), `schedules/` (each run's version
 schedule) and `tune.json` (the base config and options). Run again on the same directory,
-`tune` skips every run already measured (and refuses a directory of another config).
+`tune` skips every run already measured (and refuses a directory of another config), by the
+benchmark's mechanism (`ppo_async.study.store`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from ppo_async.report.analysis import run_measurements, summarize
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
 from ppo_async.core.lag import write_schedule
 from ppo_async.errors import DataFileError
-from ppo_async.report.metrics import read_jsonl
+from ppo_async.study import store
 from ppo_async.study.sweep import sweep
 from ppo_async.study.tune_rules import (  # noqa: F401  (the pure rules, re-exported: tune.knee_of, ...)
     KNEE_GAIN,
@@ -171,20 +172,13 @@ class _Tuner:
             self.schedule_dir = tempfile.mkdtemp(prefix="ppo_async-tune-")
 
     def _open(self, base: Config, budget: int) -> None:
+        """Checks (or writes) OUT/tune.json and reads back the settings measured before
+        (`store`: a rerun on the same out dir skips them)."""
         os.makedirs(os.path.join(self.out, "schedules"), exist_ok=True)
         meta = {"config": config_to_dict(base), "kl_target": self.kl_target, "budget_per_run": budget, "seeds": self.seeds}
-        meta_path = os.path.join(self.out, "tune.json")
-        if os.path.isfile(meta_path) and _read_json(meta_path) != json.loads(json.dumps(meta)):
-            raise ConfigError(f"--out {self.out!r} holds a tune of another config or options (tune.json); "
-                              "give another --out or delete it")
-        with open(meta_path, "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2)
-        path = os.path.join(self.out, MEASUREMENTS_FILE)
-        if os.path.isfile(path):
-            for number, row in enumerate(read_jsonl(path), start=1):  # a corrupt line: DataFileError
-                if "key" not in row:
-                    raise DataFileError(f"{path}: row {number} has no 'key' (not a tune's measurements)")
-                self.done[row["key"]] = row
+        store.check_spec(os.path.join(self.out, "tune.json"), json.loads(json.dumps(meta)),
+                         lambda recorded, now: _refusal(self.out, recorded, now), _write_meta)
+        self.done = read_measurements(self.out)
 
     def say(self, text: str) -> None:
         if self.progress:
@@ -220,8 +214,7 @@ class _Tuner:
     def _record(self, row: dict) -> None:
         self.done[row["key"]] = row
         if self.out is not None:
-            with open(os.path.join(self.out, MEASUREMENTS_FILE), "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
+            store.RowLog(os.path.join(self.out, MEASUREMENTS_FILE)).append([row])
 
     def measure(self, step: int, changes: Mapping[str, Any]) -> dict:
         """Threaded runs of `base` with `changes` (one per seed), their measurements averaged
@@ -257,13 +250,32 @@ class _Tuner:
         return os.path.join(self.schedule_dir, f"{_slug(changes)}-seed{self.base.seed}.jsonl")
 
 
-def _read_json(path: str) -> Any:
-    """The JSON document in `path`; DataFileError naming the file and the 1-based line when it does not parse."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as exc:
-            raise DataFileError(f"{path}, line {exc.lineno}: not JSON ({exc.msg}, column {exc.colno})") from None
+def _refusal(out: str, recorded: dict, now: dict) -> str | None:
+    """Why OUT's tune.json (`recorded`) is another tune than `now`'s: the fields that differ
+    (`store.changed_paths`: config fields added to the code since count as their defaults, as
+    for the benchmark); None when it is the same tune."""
+    paths = store.changed_paths(recorded, now, defaults={"config": config_to_dict(Config())})
+    if not paths:
+        return None
+    return (f"--out {out!r} holds a tune of another config or options (tune.json: {', '.join(paths[:5])}); give "
+            "another --out or delete it")
+
+
+def _write_meta(path: str, meta: dict) -> None:
+    """OUT/tune.json: `meta` as indented JSON (no final newline: the format of the tunes published)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+
+
+def read_measurements(out: str) -> dict[str, dict]:
+    """{key: row} of the settings OUT/measurements.jsonl holds (`store.finished`: each row is a
+    finished setting). DataFileError for a corrupt line or a row without a key."""
+    log = store.RowLog(os.path.join(out, MEASUREMENTS_FILE))
+    rows = log.read()
+    for number, row in enumerate(rows, start=1):
+        if "key" not in row:
+            raise DataFileError(f"{log.path}: row {number} has no 'key' (not a tune's measurements)")
+    return {key: kept[-1] for key, kept in store.finished(log, lambda r: r["key"], lambda r: True, rows).items()}
 
 
 def with_latency(base: Config, changes: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,12 @@
 """The benchmark's files in OUT: benchmark.json (the plan, checked against a second call:
 `check_spec`), results.csv (one row per evaluation, `COLUMNS`), each run's done marker and wall
-log (benchmark_wall.jsonl), and the rows of a run rebuilt from its run directory.
+log (benchmark_wall.jsonl), and the rows of a run rebuilt from its run directory. The spec
+check and the log of finished runs are `ppo_async.study.store`'s, shared with tune.
 Side effects: file reads and writes only.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -16,9 +16,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ppo_async.config import Config, ConfigError, config_to_dict
+from ppo_async.config import Config, config_to_dict
 from ppo_async.report.metrics import read_jsonl
 from ppo_async.run import rundir
+from ppo_async.study import store
 from ppo_async.study.benchmark.suites import Plan
 from ppo_async.study.manifest import write_json
 
@@ -44,21 +45,6 @@ def run_dir_of(out: str, env: str, mode: str, seed: int, runs_dir: str | None = 
     return os.path.join(runs_dir or os.path.join(out, "runs"), env.replace("/", "_"), mode, f"seed{seed}")
 
 
-_MISSING = object()
-
-
-def _diff_paths(a: Any, b: Any, prefix: str = "", defaults: Any = _MISSING) -> list[str]:
-    """Dotted paths where nested dicts `a` (recorded) and `b` (today's) differ. A key `a` lacks
-    (a config field added to the code since) does not differ when `b` holds its default there
-    (`defaults`: the same nesting): the recorded runs ran with that default."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        sub = lambda k: defaults.get(k, _MISSING) if isinstance(defaults, dict) else _MISSING  # noqa: E731
-        return [p for k in sorted(set(a) | set(b))
-                if not (k not in a and sub(k) is not _MISSING and b.get(k) == sub(k))
-                for p in _diff_paths(a.get(k), b.get(k), f"{prefix}{k}.", sub(k))]
-    return [] if a == b else [prefix.rstrip(".")]
-
-
 def _grows(first: Mapping[str, Any], spec: Mapping[str, Any], name: str) -> bool:
     """Whether argument `name` of `spec` extends the recorded one: more seeds, or envs / modes
     holding every recorded one and more."""
@@ -70,32 +56,34 @@ def _grows(first: Mapping[str, Any], spec: Mapping[str, Any], name: str) -> bool
     return False
 
 
-def check_spec(out: str, spec: Mapping[str, Any]) -> None:
-    """Writes OUT/benchmark.json, or checks the one there: other arguments or configs on the same
-    OUT are a ConfigError naming what differs (results are never silently mixed). More seeds, or
-    envs / modes added to the recorded ones, extend the benchmark: its finished runs are kept
-    when the configs they were run with are today's, and benchmark.json is rewritten."""
-    path = os.path.join(out, SPEC_FILE)
-    if not os.path.isfile(path):
-        write_json(path, dict(spec))
-        return
-    with open(path, encoding="utf-8") as f:
-        first = json.load(f)
+def _refusal(out: str, first: dict, spec: dict) -> str | None:
+    """Why OUT's recorded benchmark (`first`) cannot take today's `spec`: other arguments (more
+    seeds, envs or modes excepted) or other configs of its runs; None when it can."""
     grown = [k for k in ("seeds", "envs", "modes") if _grows(first, spec, k)]
     args = [k for k in Plan._fields if first.get(k) != spec.get(k) and k not in grown]
     if args:
         said = ", ".join(f"{k}={first.get(k)!r} (now {spec.get(k)!r})" for k in args)
-        raise ConfigError(f"out = {out!r} holds a benchmark with other arguments: {said}; use another out, the same "
-                          "arguments, or more seeds / envs / modes")
+        return (f"out = {out!r} holds a benchmark with other arguments: {said}; use another out, the same "
+                "arguments, or more seeds / envs / modes")
     recorded = first.get("configs", {})
     default = config_to_dict(Config())
-    fields = _diff_paths(recorded, {k: v for k, v in spec.get("configs", {}).items() if k in recorded},
-                         defaults={k: default for k in recorded})
+    fields = store.changed_paths(recorded, {k: v for k, v in spec.get("configs", {}).items() if k in recorded},
+                                 defaults={k: default for k in recorded})
     if fields:
-        raise ConfigError(f"out = {out!r} holds a benchmark whose configs differ from today's (presets changed?): "
-                          f"{', '.join(fields[:5])}; use another out")
-    if grown:
-        write_json(path, dict(spec))
+        return (f"out = {out!r} holds a benchmark whose configs differ from today's (presets changed?): "
+                f"{', '.join(fields[:5])}; use another out")
+    return None
+
+
+def check_spec(out: str, spec: Mapping[str, Any]) -> None:
+    """Writes OUT/benchmark.json, or checks the one there (`store.check_spec`): other arguments
+    or configs on the same OUT are a ConfigError naming what differs (results are never
+    silently mixed). More seeds, or envs / modes added to the recorded ones, extend the
+    benchmark: its finished runs are kept when the configs they were run with are today's, and
+    benchmark.json is rewritten."""
+    grows = lambda first, now: any(_grows(first, now, k) for k in ("seeds", "envs", "modes"))  # noqa: E731
+    store.check_spec(os.path.join(out, SPEC_FILE), spec, lambda first, now: _refusal(out, first, now), write_json,
+                     rewrite=grows)
 
 
 # ---------------------------------------------------------------------------- results rows
@@ -174,26 +162,19 @@ def rows_of_run(run_dir: str, config: Config, eval_every_steps: int, env: str, m
     return results_rows(metrics, read_walls(run_dir), config, eval_every_steps, env, mode)
 
 
+def results_log(out: str) -> store.RowLog:
+    """OUT/results.csv as the benchmark's log of finished runs (`COLUMNS`)."""
+    return store.RowLog(os.path.join(out, RESULTS_FILE), COLUMNS)
+
+
 def read_results(out: str) -> list[dict[str, str]]:
     """The rows of OUT/results.csv as strings (a torn last line is dropped); [] when missing."""
-    path = os.path.join(out, RESULTS_FILE)
-    if not os.path.isfile(path):
-        return []
-    with open(path, encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
-    return [r for r in rows if None not in r and all(r.get(c) not in (None, "") for c in ("env", "mode", "seed", "final"))]
+    return [r for r in results_log(out).read() if all(r.get(c) not in (None, "") for c in ("env", "mode", "seed", "final"))]
 
 
 def write_results(out: str, rows: Sequence[Mapping[str, Any]], append: bool = True) -> None:
     """Appends `rows` to OUT/results.csv (header first when new), in one write, flushed."""
-    path = os.path.join(out, RESULTS_FILE)
-    new = not append or not os.path.isfile(path) or os.path.getsize(path) == 0
-    with open(path, "w" if not append else "a", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-        f.flush()
+    results_log(out).append(rows, fresh=not append)
 
 
 def _key(row: Mapping[str, Any]) -> tuple[str, str, int]:
@@ -201,18 +182,9 @@ def _key(row: Mapping[str, Any]) -> tuple[str, str, int]:
 
 
 def finished_keys(out: str) -> set[tuple[str, str, int]]:
-    """Runs with their final row in results.csv; rows of runs without one (a write cut short) are
-    removed from the file."""
-    path = os.path.join(out, RESULTS_FILE)
-    rows = read_results(out)
-    done = {_key(r) for r in rows if r["final"] == "1"}
-    kept = [r for r in rows if _key(r) in done]
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            lines = sum(1 for line in f if line.strip())
-        if len(kept) != max(lines - 1, 0):
-            write_results(out, kept, append=False)
-    return done
+    """Runs with their final row in results.csv (`store.finished`); rows of runs without one (a
+    write cut short) are removed from the file."""
+    return set(store.finished(results_log(out), _key, lambda r: r["final"] == "1", read_results(out)))
 
 
 class WallLog:
