@@ -32,6 +32,8 @@ from ppo_async.core.learner.context import (
     stale_weight,
 )
 from ppo_async.core.learner.diagnostics import (
+    KlParts,
+    kl_parts,
     minibatch_diagnostics,
     iteration_metrics,
     lag_metrics,
@@ -70,6 +72,8 @@ __all__ = [
     "Batch",
     "sample_lag",
     "stale_weight",
+    "KlParts",
+    "kl_parts",
     "minibatch_diagnostics",
     "iteration_metrics",
     "lag_metrics",
