@@ -274,6 +274,28 @@ def test_the_statistics_travel_with_the_params_of_their_version(monkeypatch):
         assert snapshot_version == version and count == version * BATCH
 
 
+class Stop(Exception):
+    pass
+
+
+def test_a_resumed_run_continues_the_schedule_from_its_checkpoint(tmp_path):
+    def stop_at_5(rows):
+        if rows[0]["iteration"] == 5:
+            raise Stop
+
+    config = barrier_config("Pendulum-v1", pa.LagConfig(K=2)).replace(run_dir=str(tmp_path / "r"), checkpoint_every=2)
+    with pytest.raises(Stop):
+        pa.train(config, on_iteration=stop_at_5)
+    records = pa.resume(str(tmp_path / "r")).extras["version_schedule"]
+    versions = versions_by_iteration(records)
+    assert sorted(versions) == list(range(1, ITERATIONS + 1))
+    assert {i: versions[i] for i in range(1, 5)} == {i: v for i, v in expected_versions(np.full((4, SAMPLERS), 2)).items()}
+    # resumed at iteration 4 (version 4): no version before it is kept, so the warm-up floors at 4
+    assert {i: versions[i] for i in range(5, ITERATIONS + 1)} == {
+        t + 1: [scheduled_version(t, 2, first_iteration=4, first_version=4)] * SAMPLERS for t in range(4, ITERATIONS)}
+    assert versions[ITERATIONS] == [ITERATIONS - 1 - 2] * SAMPLERS  # past the warm-up: v - K again
+
+
 # --------------------------------------------------------------------------------------
 # errors
 # --------------------------------------------------------------------------------------
