@@ -10,7 +10,7 @@ What it writes (every file starts with a "generated" note; edit this script, nev
                              or flag, metavar, default and help as `COMMAND --help` shows them
 - docs/reference/config.md   every `Config` field (dotted path, type, default, description),
                              from the frozen dataclasses' attribute docstrings
-                             (`ppo_async/config/sections.py`), the ones tyro shows in `--help`
+                             (`ppo_async/config/sections.py`, `run_config.py`), the ones tyro shows in `--help`
 - docs/reference/metrics.md  every metrics field: the names and the rule by which `log_every`
                              folds them come from `ppo_async.report.metrics.CORE_FIELDS` and
                              `ppo_async.report.aggregate.FIELD_RULES`; the meaning of each from
@@ -141,7 +141,7 @@ def _anchor(path: str) -> str:
 def config_page() -> str:
     from ppo_async.config import Config
 
-    lines = [NOTE.format(source="the dataclasses in ppo_async/config/sections.py"),
+    lines = [NOTE.format(source="the dataclasses in ppo_async/config/sections.py and run_config.py"),
              "# Config reference\n\n",
              "Every field of `ppo_async.Config`, by section. On the command line a field is a flag "
              "(`train --ppo.clip-eps 0.1`: dots between sections, `-` for `_`); in a `--config` file "

@@ -163,14 +163,14 @@ def _help_texts() -> list[tuple[str, str]]:
     (train's include every Config field's docstring), and every config section's field docstrings."""
     from ppo_async.cli.dispatch import COMMANDS, DESCRIPTION
     from ppo_async.cli.parsing import PROG
-    from ppo_async.config import sections
+    from ppo_async.config import run_config, sections
 
     gen_pages = _gen_pages()
     texts = [("python -m ppo_async --help", DESCRIPTION)]
     for name, cls in COMMANDS.items():
         texts.append((f"{name} --help", cls.__doc__ or ""))
         texts += [(f"{name} {a.option_strings or a.dest}", a.help or "") for a in gen_pages.cli_arguments(cls, f"{PROG} {name}")]
-    for cls in (sections.Config, sections.RolloutConfig, sections.PPOConfig, sections.NetworkConfig, sections.LagConfig,
+    for cls in (run_config.Config, sections.RolloutConfig, sections.PPOConfig, sections.NetworkConfig, sections.LagConfig,
                 sections.ThreadedConfig, sections.EnvOptions, sections.DistributedConfig):
         texts.append((cls.__name__, cls.__doc__ or ""))
         texts += [(f"{cls.__name__}.{field}", doc) for field, (_, doc) in gen_pages._class_source_info(cls).items()]

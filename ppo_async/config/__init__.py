@@ -1,8 +1,11 @@
 """Layer 2, `config/`: the typed, frozen configuration of a run.
 
-Holds the sections (`sections`: one frozen dataclass per concern, each validating itself at
-construction and raising `ConfigError` naming the field, the value and the rule), the shared
-field checks (`checks`), dicts and dotted paths (`paths`) and the per-env presets (`presets`).
+Holds the choice fields' allowed values (`choices`), the sections (`sections`: one frozen
+dataclass per concern, each validating itself at construction and raising `ConfigError` naming
+the field, the value and the rule), the run-level `Config` (`run_config`), which fields act
+under which others (`applicability`), the shared field checks (`checks`), which fields a
+caller set and the env's defaults for the rest (`explicit`, `preset_table`), dicts and dotted
+paths (`paths`) and the per-env presets (`presets`).
 May import: `ppo_async.errors` and `ppo_async.envs.registry` (to check env names). Nothing
 here imports JAX.
 """
@@ -16,44 +19,50 @@ from ppo_async.config.paths import (
     replace_path,
     replace_paths,
 )
-from ppo_async.config.sections import (
-    ACTIVATIONS,
-    WEIGHT_INITS,
-    ADVANTAGE_ESTIMATORS,
-    DEFAULT_BUFFER_CHUNKS,
-    DEFAULT_KL_WINDOW,
-    DISTRIBUTED_CLUSTERS,
-    LEARNER_SYNCS,
-    FULL_POLICIES,
-    HOST_ONLY_FIELDS,
+from ppo_async.config.applicability import (
     LAG_FILTER_FIELDS,
+    SCHEDULE_FIELDS,
+    check_env_options,
+    check_fields_apply,
+    check_given_apply,
+)
+from ppo_async.config.choices import (
+    ACTIVATIONS,
+    ADVANTAGE_ESTIMATORS,
+    DISTRIBUTED_CLUSTERS,
+    FULL_POLICIES,
     LAG_SCHEDULES,
+    LEARNER_SYNCS,
     MODES,
     OBJECTIVES,
-    SCHEDULE_FIELDS,
     STATS_UPDATES,
+    WEIGHT_INITS,
     ActivationName,
-    WeightInitName,
     AdvantageEstimatorName,
     ClusterName,
-    Config,
-    DistributedConfig,
-    EnvOptions,
     FullPolicyName,
-    LagConfig,
     LagScheduleName,
     ModeName,
-    StatsUpdateName,
-    NetworkConfig,
     ObjectiveName,
+    StatsUpdateName,
+    WeightInitName,
+)
+from ppo_async.config.run_config import (
+    HOST_ONLY_FIELDS,
+    Config,
+    check_config_type,
+    env_check_deferred,
+)
+from ppo_async.config.sections import (
+    DEFAULT_BUFFER_CHUNKS,
+    DEFAULT_KL_WINDOW,
+    DistributedConfig,
+    EnvOptions,
+    LagConfig,
+    NetworkConfig,
     PPOConfig,
     RolloutConfig,
     ThreadedConfig,
-    check_env_options,
-    check_fields_apply,
-    check_config_type,
-    check_given_apply,
-    env_check_deferred,
 )
 from ppo_async.errors import ConfigError, DistributedFailure
 

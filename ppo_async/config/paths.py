@@ -8,8 +8,9 @@ import json
 from typing import Any, Mapping, Sequence
 
 from ppo_async.config.checks import did_you_mean, field_paths
+from ppo_async.config.applicability import check_given_apply
+from ppo_async.config.run_config import Config
 from ppo_async.config.sections import (
-    Config,
     DistributedConfig,
     EnvOptions,
     LagConfig,
@@ -17,7 +18,6 @@ from ppo_async.config.sections import (
     PPOConfig,
     RolloutConfig,
     ThreadedConfig,
-    check_given_apply,
 )
 from ppo_async.errors import ConfigError
 

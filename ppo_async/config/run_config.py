@@ -1,0 +1,257 @@
+"""`Config`: one training run - which env, which execution mode, how long - and every section
+(`sections`). It fills the env's defaults into the fields its caller did not set
+(`explicit`), validates every field (all failures reported at once, the env first) and the
+rules between them (`applicability`), and derives the sizes (batch, chunk, iterations).
+
+Serialise with `config_to_dict` / `config_from_dict` (JSON-friendly, nested by section).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ppo_async.config.applicability import check_fields_apply
+from ppo_async.config.checks import _check_int, _fail, check_field_types, every_failure, failure_of, stop_if_failed
+from ppo_async.config.choices import BATCH_SYNC_MAX_SAMPLES, ModeName
+from ppo_async.config.explicit import apply_env_defaults, as_given, given_fields, preset_fields, record_given
+from ppo_async.config.preset_table import env_defaults
+from ppo_async.config.resources import budget_blame, check_sizes
+from ppo_async.config.sections import (
+    DEFAULT_BUFFER_CHUNKS,
+    DistributedConfig,
+    EnvOptions,
+    LagConfig,
+    NetworkConfig,
+    PPOConfig,
+    RolloutConfig,
+    ThreadedConfig,
+)
+from ppo_async.envs.registry import HOST_ENV_FAMILIES, check_env_name, split_env_name
+
+
+# Top-level fields that shape no compiled program: the seed enters as an argument, the rest is
+# what the host writes and when (used by the kept-program caches of the modes).
+_ENV_CHECK_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("env_check_deferred", default=False)
+
+
+@contextlib.contextmanager
+def env_check_deferred() -> Iterator[None]:
+    """Within it, `Config` leaves out the one check that reads an env family's own registry
+    (`check_env_name`: gymnax's starts JAX), so a command line can be parsed, its `--help`
+    printed and its other errors reported without JAX. Whoever uses it validates the final
+    `Config` again outside it (the CLI's `TrainCommand.resolved` does)."""
+    token = _ENV_CHECK_DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _ENV_CHECK_DEFERRED.reset(token)
+
+
+HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "eval_every",
+                    "eval_episodes", "log_every", "overwrite")
+
+
+@record_given
+@dataclass(frozen=True)
+class Config:
+    """One training run: which env, which execution mode, how long, and every section."""
+
+    env: str = "Pendulum-v1"
+    """Environment: a gymnax name (Pendulum-v1, CartPole-v1), brax/<name> (brax/inverted_pendulum, needs the [brax] extra), playground/<name> (playground/CartpoleBalance, [playground]), gymnasium/<id> (gymnasium/HalfCheetah-v5, [gymnasium]; threaded mode only) or envpool/<id> (the same MuJoCo tasks on EnvPool's C++ thread pool: envpool/HalfCheetah-v5, [envpool]; threaded mode only)."""
+    mode: ModeName = "sync"
+    """Execution mode: sync (strict on-policy), simulated (emulated samplers with a controlled lag schedule) or threaded (real sampler threads; the lag emerges from timing)."""
+    seed: int = 0
+    """Base random seed; seed i of a multi-seed run uses seed + i."""
+    num_seeds: int = 1
+    """Independent seeds trained together in one compile (vmap)."""
+    total_env_steps: int = 300_000
+    """Environment steps per seed; rounded down to whole iterations of num_envs * num_steps."""
+    run_dir: str | None = None
+    """Directory for config.json, metrics.jsonl, checkpoints/, tb/ and plots; None writes nothing."""
+    checkpoint_every: int = 0
+    """Save a checkpoint into RUN_DIR/checkpoints every this many learner iterations (0 = only the final one)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk (the oldest are deleted)."""
+    wandb_project: str | None = None
+    """Also log every metric row to this Weights & Biases project (needs `pip install wandb`; never required); None = off."""
+    eval_every: int = 0
+    """Evaluate the learner's current params every this many learner iterations (and after the last), logged as eval_return; 0 = off."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (deterministic actions: the Gaussian mean / the argmax)."""
+    log_every: int = 1
+    """Learner iterations per metrics row: a row aggregates the iterations since the previous one (means, maxima, summed histograms and counts, the last counters; `ppo_async.report.aggregate`), in metrics.jsonl, TensorBoard, W&B and TrainResult.metrics alike. The non-finite checks, the sample accounting and the warnings still run every iteration."""
+    overwrite: bool = False
+    """Replace a run already in run_dir (its metrics, checkpoints, schedules and plots); without it a run_dir holding a run is refused (resume it instead)."""
+    env_options: EnvOptions = field(default_factory=EnvOptions)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    lag: LagConfig = field(default_factory=LagConfig)
+    threaded: ThreadedConfig = field(default_factory=ThreadedConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    def __post_init__(self) -> None:
+        with every_failure():  # one ConfigError naming every failed field, the env first
+            self._check_fields()
+
+    def _check_fields(self) -> None:
+        if isinstance(self.env, str):  # (a wrong type is check_field_types' to report)
+            apply_env_defaults(self, env_defaults(self.env))  # the env's preset under what the caller set
+        check_field_types(self)
+        _check_int("seed", self.seed, 0)
+        _check_int("num_seeds", self.num_seeds, 1)
+        _check_int("total_env_steps", self.total_env_steps, 1)
+        _check_int("checkpoint_every", self.checkpoint_every, 0)
+        _check_int("keep_checkpoints", self.keep_checkpoints, 1)
+        _check_int("eval_every", self.eval_every, 0)
+        _check_int("eval_episodes", self.eval_episodes, 1)
+        _check_int("log_every", self.log_every, 1)
+        for name, cls in (("env_options", EnvOptions), ("rollout", RolloutConfig), ("ppo", PPOConfig), ("network", NetworkConfig), ("lag", LagConfig), ("threaded", ThreadedConfig), ("distributed", DistributedConfig)):
+            if not isinstance(getattr(self, name), cls):
+                _fail(name, getattr(self, name), f"must be a {cls.__name__}")
+        stop_if_failed(then=self._check_env_name)  # the rules below compare fields with each other
+        check_sizes(self)  # int32 and sane bounds, before any rule that multiplies them
+        self._check_env_name()  # after the env-free checks: a gymnax name imports gymnax (and JAX)
+        # after the name check: an unknown name is reported as such, not as the wrong mode for it
+        if split_env_name(self.env)[0] in HOST_ENV_FAMILIES and self.mode != "threaded":
+            _fail("mode", self.mode,
+                  f"must be 'threaded' for the host-side env {self.env!r} (its simulator steps on each sampler "
+                  "thread's host, outside jit; sync and simulated modes need a JAX env: gymnax, brax/* or playground/*)")
+        if self.run_dir is not None and self.checkpoint_every % self.log_every != 0:
+            _fail("checkpoint_every", self.checkpoint_every,
+                  f"must be a multiple of log_every = {self.log_every} (a checkpoint closes a metrics row, so a resumed run continues its rows exactly)")
+        if self.wandb_project is not None and (not isinstance(self.wandb_project, str) or not self.wandb_project.strip()):
+            _fail("wandb_project", self.wandb_project, "must be a non-empty project name or None")
+        if self.batch_size % self.ppo.num_minibatches != 0:
+            _fail(
+                "ppo.num_minibatches",
+                self.ppo.num_minibatches,
+                f"must divide the learner batch ({self._batch_formula()} = {self.batch_size})",
+            )
+        if self.distributed.cluster != "none" and self.distributed.process_id is None:
+            _fail("distributed.cluster", self.distributed.cluster, "the layout it gives is not filled in yet: join first with "
+                  "ppo_async.runtime.distributed.initialize(DistributedConfig(cluster=...)), which returns the section with "
+                  "num_processes, process_id and coordinator_address, and build the Config with that "
+                  "(`python -m ppo_async train` does this)")
+        if self.distributed.num_processes > 1 and self.mode != "threaded":
+            _fail("mode", self.mode, f"must be 'threaded' with distributed.num_processes = {self.distributed.num_processes} "
+                  "(several processes run threaded samplers and one data-parallel learner)")
+        if self.mode == "threaded":
+            self._check_buffer_capacity()
+        if self.threaded.kl_target is not None and self.distributed.num_processes > 1:
+            _fail("threaded.kl_target", self.threaded.kl_target,
+                  "must be None with distributed.num_processes > 1 (the KL controller runs in one process for now)")
+        if self.total_env_steps < self.batch_size:
+            blame = budget_blame(self)
+            if blame != "total_env_steps":
+                _fail(blame, getattr(self.rollout, blame.partition(".")[2]),
+                      f"the learner batch ({self._batch_formula()} = {self.batch_size:,}) must fit in "
+                      f"total_env_steps = {self.total_env_steps:,}")
+            else:
+                _fail("total_env_steps", self.total_env_steps,
+                      f"must be at least one learner batch ({self._batch_formula()} = {self.batch_size})")
+        check_fields_apply(self)
+
+    def _check_env_name(self) -> None:
+        if not _ENV_CHECK_DEFERRED.get():
+            with failure_of("env"):
+                check_env_name(self.env)
+
+    def _check_buffer_capacity(self) -> None:
+        tcfg = self.threaded
+        if tcfg.buffer_capacity is not None and tcfg.buffer_capacity % self.chunk_size != 0:
+            _fail(
+                "threaded.buffer_capacity", tcfg.buffer_capacity,
+                f"must be a whole number of rollout chunks (rollout.num_envs * rollout.num_steps = {self.chunk_size} transitions each)",
+            )
+        if tcfg.barrier and tcfg.full_policy == "overwrite_oldest" and self.buffer_capacity_chunks < tcfg.num_samplers:
+            _fail(
+                "threaded.buffer_capacity", tcfg.buffer_capacity or self.buffer_capacity_chunks * self.chunk_size,
+                f"must hold >= threaded.num_samplers = {tcfg.num_samplers} chunks ({tcfg.num_samplers * self.chunk_size} "
+                "transitions) with barrier=True and full_policy='overwrite_oldest' (an overwritten rollout would never be replaced)",
+            )
+
+    @property
+    def buffer_capacity_chunks(self) -> int:
+        """Ring-buffer slots: threaded.buffer_capacity / (num_envs * num_steps), 4 by default."""
+        if self.threaded.buffer_capacity is None:
+            return DEFAULT_BUFFER_CHUNKS
+        return self.threaded.buffer_capacity // self.chunk_size
+
+    def _batch_formula(self) -> str:
+        formula = "rollout.num_envs * rollout.num_steps"
+        if self.mode == "threaded" and self.threaded.effective_chunks_per_batch > 1:
+            formula += " * threaded.chunks_per_batch"
+        if self.distributed.num_processes > 1:
+            formula += " * distributed.num_processes"
+        return formula
+
+    @property
+    def chunk_size(self) -> int:
+        """Transitions in one rollout chunk (num_envs * num_steps)."""
+        return self.rollout.num_envs * self.rollout.num_steps
+
+    @property
+    def local_batch_size(self) -> int:
+        """Transitions one process's learner takes per iteration: one chunk, or
+        threaded.chunks_per_batch chunks in threaded mode."""
+        if self.mode == "threaded":
+            return self.chunk_size * self.threaded.effective_chunks_per_batch
+        return self.chunk_size
+
+    @property
+    def batch_size(self) -> int:
+        """Transitions per learner iteration, over every process (`local_batch_size * distributed.num_processes`)."""
+        return self.local_batch_size * self.distributed.num_processes
+
+    @property
+    def learner_sync(self) -> str:
+        """`distributed.learner_sync` with auto resolved: "batch" when the learner batch
+        (`batch_size`, every process's) has at most `BATCH_SYNC_MAX_SAMPLES`, else "gradients"."""
+        sync = self.distributed.learner_sync
+        if sync != "auto":
+            return sync
+        return "batch" if self.batch_size <= BATCH_SYNC_MAX_SAMPLES else "gradients"
+
+    @property
+    def minibatch_size(self) -> int:
+        """Transitions per SGD step."""
+        return self.batch_size // self.ppo.num_minibatches
+
+    @property
+    def num_iterations(self) -> int:
+        """Learner iterations per seed (whole batches within total_env_steps)."""
+        return self.total_env_steps // self.batch_size
+
+    @property
+    def sgd_steps_per_iteration(self) -> int:
+        """Gradient steps per learner iteration (num_epochs * num_minibatches)."""
+        return self.ppo.num_epochs * self.ppo.num_minibatches
+
+    @property
+    def preset_fields(self) -> tuple[str, ...]:
+        """The dotted fields the env's preset filled because this config's caller did not set
+        them (`ppo_async.config.explicit`); () when every field was given."""
+        return preset_fields(self)
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with top-level fields replaced (validated again). Replacing `env` rebuilds the
+        config from what its caller set, so the new env's preset fills the rest (not the old
+        env's values)."""
+        if "env" in changes and changes["env"] != self.env and self.preset_fields:
+            return Config(**{**as_given(self), **changes})
+        new = dataclasses.replace(self, **changes)
+        object.__setattr__(new, "_given_fields", given_fields(self) | frozenset(changes))
+        object.__setattr__(new, "_preset_fields", tuple(p for p in self.preset_fields if p.partition(".")[0] not in changes))
+        return new
+
+
+def check_config_type(config: object, name: str = "config") -> None:
+    """TypeError naming the argument when `config` is not a `Config` (e.g. a string or a dict)."""
+    if not isinstance(config, Config):
+        hint = " (build one with ppo_async.config_from_dict)" if isinstance(config, dict) else ""
+        raise TypeError(f"{name} = {config!r:.60} is invalid: must be a ppo_async.Config, not {type(config).__name__}{hint}")
