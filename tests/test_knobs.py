@@ -307,8 +307,8 @@ def test_a_sampler_stuck_in_the_env_is_named_in_a_timeout_error(monkeypatch, tmp
     release = threading.Event()
     real_setup = threaded.make_threaded_setup
 
-    def setup_with_a_hanging_env(config):
-        setup = real_setup(config)
+    def setup_with_a_hanging_env(config, resume=None):
+        setup = real_setup(config, resume)
         rollout_fn, calls = setup.rollout_fn, []
 
         def rollout_that_hangs(*args):

@@ -103,7 +103,7 @@ def lag_buckets_of(config: Config) -> int:
 # (a sweep over samplers, buffer length, refresh lag, latency, seeds, traced hyperparameters)
 # reuse one set of compiled functions.
 _PROGRAM_FREE_THREADED = ("num_samplers", "refresh_lag", "min_refresh_interval_s", "buffer_capacity", "full_policy",
-                          "sampler_step_latency_ms", "latency_jitter", "timeout_s", "kl_target", "kl_window")
+                          "sampler_step_latency_ms", "latency_jitter", "timeout_s", "kl_target", "kl_window", "kl_quantile")
 _PROGRAM_TOP = ("env", "env_options", "mode", "num_seeds", "total_env_steps", "rollout", "ppo", "network", "threaded")
 _PROGRAMS_KEPT = 8
 
