@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from ppo_async.cli.paths import check_input_file
+from ppo_async.cli.paths import check_input_file, read_utf8
 from ppo_async.config import Config, config_from_dict
 from ppo_async.config.checks import every_failure, field_rules
 from ppo_async.errors import ConfigError, DataFileError
@@ -30,13 +30,7 @@ def load_config_file(path: str) -> dict:
     ConfigError naming the file for a missing, unreadable or empty file, a parse error (with
     its 1-based line), anything but a mapping or a key set twice."""
     check_input_file("--config", path)
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise DataFileError(f"{path}, line {line}: not UTF-8 text ({exc.reason})") from None
+    text = read_utf8(path)
     if not text.strip():
         raise DataFileError(f"{path}: empty; expected a mapping of config fields (e.g. ppo: {{clip_eps: 0.1}})")
     is_yaml = path.endswith((".yaml", ".yml"))

@@ -75,20 +75,25 @@ def check_input_file(option: str, path: str) -> None:
         raise ConfigError(f"{option} {path!r}: cannot read it (permission denied)")
 
 
+def read_utf8(path: str) -> str:
+    """The text of `path`; DataFileError naming the file and the 1-based line of the first byte
+    that is not UTF-8."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataFileError(f"{path}, line {line}: not UTF-8 text ({exc.reason})") from None
+
+
 def check_csv(path: str) -> None:
     """DataFileError (the file and the 1-based line) when the CSV table `path` is not UTF-8,
     has an unterminated quote, or a row with more or fewer fields than its header."""
     import csv
     import io
 
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise DataFileError(f"{path}, line {line}: not UTF-8 text ({exc.reason})") from None
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    reader = csv.reader(io.StringIO(read_utf8(path), newline=""), strict=True)
     try:
         header = next(reader, None)
         for row in reader:
