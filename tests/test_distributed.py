@@ -626,6 +626,7 @@ def test_process_0_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_pa
     try:
         seen = _wait_for_rows(procs, metrics, 1)
         step = -(-(seen + 6) // every) * every  # a checkpoint step 6 or more iterations ahead
+        (run_dir / "checkpoints").mkdir(exist_ok=True)  # (made at the first save, which may come later)
         (run_dir / "checkpoints" / str(step)).write_text("not a checkpoint\n")
         _wait_for_rows(procs[1:], metrics, step)  # process 0 writes the row, then fails to checkpoint it
         failed_at = time.time()

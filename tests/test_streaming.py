@@ -67,7 +67,7 @@ def test_queued_iterations_carry_a_train_state_only_when_the_logger_needs_it(mon
     real = threaded_module.learner.put_for_logger
 
     def spy(shared, out, item):
-        held.append((item.row["iteration"], item.train_state is not None))
+        held.append((item.row["iteration"], item.state is not None))
         return real(shared, out, item)
 
     monkeypatch.setattr(threaded_module.learner, "put_for_logger", spy)
