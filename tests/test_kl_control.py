@@ -297,9 +297,10 @@ def test_threaded_run_steered_to_the_floor_by_an_unreachable_target():
     lr = config.ppo.learning_rate
     for before, row in zip(rows, rows[1:]):
         assert row["learning_rate"] == pytest.approx(lr * before["controller_lr_scale"], rel=1e-6)
-    tightened = next(i for i, r in enumerate(rows) if r["controller_max_lag"] == 1)
-    later = [r for r in rows[tightened + 1:] if r["controller_max_lag"] == 1]
-    assert later and all(r["dropped_stale"] == sum(r["lag_histogram"][2:]) for r in later)
+    # A row's controller_* fields are the decision taken at its end: the max_lag in force while a
+    # row's batch was taken is the previous row's (the controller may loosen and tighten again).
+    under_lag_1 = [row for before, row in zip(rows, rows[1:]) if before["controller_max_lag"] == 1]
+    assert under_lag_1 and all(r["dropped_stale"] == sum(r["lag_histogram"][2:]) for r in under_lag_1)
     assert all(r["samples_produced"] == r["samples_consumed"] + r["samples_dropped"] + r["samples_resident"] for r in rows)
     assert any(s > 0 for s in last["sampler_paused_s"])
 

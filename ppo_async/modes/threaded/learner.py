@@ -272,7 +272,8 @@ class Learner:
         shared, config = self.shared, self.shared.config
         consumed, stale = int(metrics.pop("consumed")), int(metrics["dropped_stale"])
         if distributed.is_multi_process(config):  # the update counted every process's samples: account for this process's
-            consumed, stale, metrics["lag_mean_local"] = distributed.local_take(tags, version_before, config.lag.max_lag,
+            max_lag = config.lag.max_lag if self.control is None else self.control.knobs.max_lag  # the update's filter
+            consumed, stale, metrics["lag_mean_local"] = distributed.local_take(tags, version_before, max_lag,
                                                                                 config.chunk_size)
         self.consumed_total += consumed
         self.dropped_stale_total += stale
