@@ -96,10 +96,12 @@ VARIANTS: dict[str, dict] = {
 }
 """Variant name -> dotted config fields set over the env's preset and its mode (`mode_of`)."""
 
-ABLATED_PRESET = {"network.init_log_std": 0.0}
+ABLATED_PRESET = {"network.init_log_std": 0.0, "rollout.stats_update": "after_sgd"}
 """Set under every variant: the gymnasium preset as the ablation measured it. The preset took
-log-std -0.5 from this ablation (`preset+log_std_-0.5`) afterwards; pinning the old value keeps
-each variant one factor from the preset it was measured against, and the committed runs resumable."""
+log-std -0.5 (`preset+log_std_-0.5`) and statistics merged before SGD
+(`async+log_std_-0.5+learner_norm+stats_before_sgd`) from this ablation afterwards; pinning the
+old values keeps each variant one factor from the preset it was measured against, and the
+committed runs resumable."""
 
 
 def variant_changes(variant: str) -> dict:

@@ -92,6 +92,22 @@ def test_other_arguments_on_the_same_out_are_refused(tiny):
         pa.benchmark(out=out, **{**TINY, "total_env_steps": 4096})
 
 
+def test_changes_that_give_the_same_configs_resume_and_others_are_refused(tmp_path):
+    """`--set` matters through the configs it makes: pinning a field at the value it has is the
+    same plan (a preset that moves later can be pinned without losing the runs); a change that
+    moves a config is refused, naming the field."""
+    plan = bm.resolve_plan("classic", envs=["Pendulum-v1"], modes=["sync"], seeds=1)
+    out = str(tmp_path)
+    bm.check_spec(out, bm.plan_spec(plan))
+    gamma = bm.run_config(plan, "Pendulum-v1", "sync", 0, None).ppo.gamma
+    pinned = bm.resolve_plan("classic", envs=["Pendulum-v1"], modes=["sync"], seeds=1, changes={"ppo.gamma": gamma})
+    assert pinned.changes != plan.changes
+    bm.check_spec(out, bm.plan_spec(pinned))  # no ConfigError
+    moved = bm.resolve_plan("classic", envs=["Pendulum-v1"], modes=["sync"], seeds=1, changes={"ppo.gamma": 0.5})
+    with pytest.raises(ConfigError, match=r"configs differ from today's.*ppo.gamma"):
+        bm.check_spec(out, bm.plan_spec(moved))
+
+
 def test_more_seeds_extend_a_benchmark_without_rerunning_its_runs(tiny, tmp_path):
     out = tmp_path / "more"
     shutil.copytree(tiny[0], out)

@@ -47,6 +47,10 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
         "rollout.num_steps": 128,
         "rollout.normalize_reward": True,
         "rollout.reward_scale": 1.0,
+        # The batch's moments merged before the SGD steps (Sample Factory's order): async Hopper
+        # at 1M, 5 seeds, train 2,611 (worst 2,432) against 2,321 (worst 950) merged after SGD
+        # (experiments/pending/ablation, issue 39).
+        "rollout.stats_update": "before_sgd",
     },
 }
 ENV_PRESETS["envpool/"] = ENV_PRESETS["gymnasium/"]  # the same MuJoCo tasks, stepped by EnvPool

@@ -60,7 +60,10 @@ def _refusal(out: str, first: dict, spec: dict) -> str | None:
     """Why OUT's recorded benchmark (`first`) cannot take today's `spec`: other arguments (more
     seeds, envs or modes excepted) or other configs of its runs; None when it can."""
     grown = [k for k in ("seeds", "envs", "modes") if _grows(first, spec, k)]
-    args = [k for k in Plan._fields if first.get(k) != spec.get(k) and k not in grown]
+    # `changes` only matter through the configs they make: where both record configs, other
+    # changes giving the same configs (a field pinned at the value it had) are the same plan.
+    same_by_configs = {"changes"} if "configs" in first and "configs" in spec else set()
+    args = [k for k in Plan._fields if first.get(k) != spec.get(k) and k not in grown and k not in same_by_configs]
     if args:
         said = ", ".join(f"{k}={first.get(k)!r} (now {spec.get(k)!r})" for k in args)
         return (f"out = {out!r} holds a benchmark with other arguments: {said}; use another out, the same "
