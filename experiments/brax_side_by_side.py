@@ -14,7 +14,7 @@ trainer has no field for is listed there too (`UNMATCHED`): Brax anneals no lear
 clips no value loss and, through `wrap_env`, runs its own episode wrapper.
 
 Both sides report the deterministic return of the final policy over `--eval-episodes` episodes
-(Brax's `deterministic_eval`, our `eval_every` after the last iteration). Rows go to
+(Brax's `deterministic_eval`, our `eval_every_steps` after the last iteration). Rows go to
 OUT/results.csv as each run ends; a stopped script run again with the same arguments skips the
 finished runs. OUT/summary.txt: per env, each side's mean, 95% bootstrap CI and worst seed, and
 ours - Brax's mean (with the ratio where both are positive). OUT defaults to
@@ -75,7 +75,7 @@ def ours_config(env: str, seed: int, total_env_steps: int, eval_episodes: int):
     import ppo_async as pa
 
     config = pa.config_for_env(env, {"mode": "sync", "seed": seed, "total_env_steps": total_env_steps})
-    return config.replace(eval_every=config.num_iterations, eval_episodes=eval_episodes)
+    return config.replace(eval_every_steps=config.num_iterations * config.batch_size, eval_episodes=eval_episodes)
 
 
 def brax_kwargs(config, episode_length: int, bootstrap_on_timeout: bool) -> dict[str, Any]:

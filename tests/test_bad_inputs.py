@@ -154,13 +154,14 @@ CLI_CASES: list[tuple[str, str]] = [
     ("train --seed -1", "--seed"),
     ("train --seed x", "--seed"),
     ("train --mode foo", "--mode"),
-    ("train --checkpoint-every -1", "--checkpoint-every"),
+    ("train --checkpoint-every-steps -1", "--checkpoint-every-steps"),
+    ("train --checkpoint-every -1", "--checkpoint-every"),  # the deprecated spelling, checked as it was
     ("train --keep-checkpoints 0", "--keep-checkpoints"),
-    ("train --eval-every -1", "--eval-every"),
+    ("train --eval-every-steps -1", "--eval-every-steps"),
     ("train --eval-episodes 0", "--eval-episodes"),
     ("train --eval-episodes 5", "--eval-episodes"),
     ("train --log-every 0", "--log-every"),
-    ("train --log-every 2 --checkpoint-every 3", "--checkpoint-every"),
+    ("train --log-every 2 --checkpoint-every-steps 3072", "--checkpoint-every-steps"),  # 3 iterations of 1,024
     ("train --wandb-project ' '", "--wandb-project"),
     ("train --env NoSuchEnv-v0", "--env"),
     ("train --env brax/no_such_task", "--env"),

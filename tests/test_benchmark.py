@@ -224,8 +224,13 @@ def test_plan_defaults_and_run_configs():
     barrier = bm.run_config(plan, "gymnasium/Hopper-v5", "barrier", 3, None)
     assert (config.rollout.num_envs, config.threaded.chunks_per_batch, barrier.rollout.num_envs) == (4, 4, 16)
     assert config.batch_size == barrier.batch_size == 2048 and barrier.ppo == preset.ppo
-    assert config.eval_every == round(100_000 / config.batch_size) and config.checkpoint_every == 0  # not resumable
-    assert bm.checkpoint_of(config.num_iterations, config.eval_every, config.num_iterations, 100_000, 1_000_000) == 1_000_000
+    # 100k env steps in whole iterations (100,000 / 2,048 = 48.8 -> 49), recorded as such: 49 x 2,048
+    assert (config.eval_every_iterations, config.eval_every_steps) == (49, 49 * 2048)
+    assert config.checkpoint_every_steps == 0 and (config.eval_every, config.checkpoint_every) == (0, 0)  # not resumable
+    sync = bm.run_config(bm.resolve_plan("classic"), "CartPole-v1", "sync", 0, "somewhere")  # resumable: a checkpoint at each evaluation
+    assert sync.checkpoint_every_steps == sync.eval_every_steps > 0 and sync.checkpoint_every_iterations == sync.eval_every_iterations
+    assert bm.checkpoint_of(config.num_iterations, config.eval_every_iterations, config.num_iterations, 100_000,
+                            1_000_000) == 1_000_000
 
 
 def test_modes_are_data_each_its_parent_plus_what_it_changes():

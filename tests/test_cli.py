@@ -66,3 +66,23 @@ def test_help_lists_fields_with_descriptions(cli_main):
     for needle in ("--ppo.clip-eps", "--ppo.dual-clip", "--rollout.num-envs", "--total-env-steps",
                    "Dual-clip constant", "--config"):
         assert needle in proc.stdout, needle
+
+
+def test_cadence_flags_count_env_steps_and_the_deprecated_ones_warn(tmp_path):
+    """`--eval-every-steps` / `--checkpoint-every-steps` (env steps, in whole learner iterations
+    of batch 8 x 128 = 1,024); the deprecated `--eval-every` (iterations) still parses, with a
+    FutureWarning giving the steps, and both spellings at once are refused naming both."""
+    import pytest
+
+    from ppo_async.cli import parse_train_args
+    from ppo_async.config import ConfigError
+
+    run = ["--env", "Pendulum-v1", "--rollout.num-envs", "8", "--rollout.num-steps", "128", "--run-dir", str(tmp_path / "r")]
+    config = parse_train_args([*run, "--eval-every-steps", "3000", "--checkpoint-every-steps", "2500"]).cfg
+    assert (config.eval_every_steps, config.eval_every_iterations) == (3000, 3)
+    assert (config.checkpoint_every_steps, config.checkpoint_every_iterations) == (2500, 2)
+    with pytest.warns(FutureWarning, match=r"eval_every = 3 \(learner iterations\) is deprecated.*use eval_every_steps = 3072"):
+        config = parse_train_args([*run, "--eval-every", "3"]).cfg
+    assert (config.eval_every, config.eval_every_steps) == (0, 3072)
+    with pytest.raises(ConfigError, match=r"eval_every = 3 is invalid: eval_every_steps = 3000 is set too"):
+        parse_train_args([*run, "--eval-every", "3", "--eval-every-steps", "3000"])

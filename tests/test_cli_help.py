@@ -85,8 +85,8 @@ def test_quiet_prints_only_the_one_line_summary(cli_main, tmp_path):
 
 def test_default_run_dir_is_runs_env_mode_timestamp(cli_main, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # --checkpoint-every needs a run dir: the CLI default counts as one
-    proc = cli_main(["train", *FAST, "--checkpoint-every", "1", "--quiet"])
+    # --checkpoint-every-steps needs a run dir: the CLI default counts as one (64 steps: every iteration)
+    proc = cli_main(["train", *FAST, "--checkpoint-every-steps", "64", "--quiet"])
     assert proc.returncode == 0, proc.stderr
     (made,) = os.listdir(tmp_path / "runs")
     assert re.fullmatch(r"CartPole-v1-sync-\d{8}-\d{6}", made), made
@@ -98,7 +98,7 @@ def test_default_run_dir_is_runs_env_mode_timestamp(cli_main, tmp_path, monkeypa
 def checkpointed(tmp_path_factory):
     """CartPole, 2 iterations, a checkpoint after each."""
     run_dir = tmp_path_factory.mktemp("ckpt") / "run"
-    pa.train(pa.Config(env="CartPole-v1", total_env_steps=128, checkpoint_every=1, run_dir=str(run_dir),
+    pa.train(pa.Config(env="CartPole-v1", total_env_steps=128, checkpoint_every_steps=64, run_dir=str(run_dir),
                        rollout=pa.RolloutConfig(num_envs=4, num_steps=16), ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2)))
     return run_dir
 

@@ -92,6 +92,7 @@ def test_every_command_is_documented():
 
 
 @pytest.mark.parametrize("command", ["train", "eval", "plot", "compare", "tune", "benchmark", "launch"])
+@pytest.mark.filterwarnings("ignore:.*is deprecated and goes in the next release:FutureWarning")  # --eval-every, documented
 def test_every_documented_argument_is_accepted_by_its_parser(command):
     """Each documented argument, given as documented, is recognised by the command's parser (a
     refused value is fine here; an unknown option or argument is not)."""

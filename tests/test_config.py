@@ -291,6 +291,63 @@ def test_derived_sizes_hand_checked():
     assert other.sgd_steps_per_iteration == 80
 
 
+def batch_1024(**kw) -> Config:
+    """A valid config with batch 8 * 128 = 1,024 and 10 iterations."""
+    return Config(rollout=RolloutConfig(num_envs=8, num_steps=128), total_env_steps=10 * 1024, **kw)
+
+
+def test_cadences_count_env_steps_rounded_to_whole_iterations():
+    """eval_every_steps / checkpoint_every_steps in learner iterations of batch 1,024: 3,000 /
+    1,024 = 2.93 -> 3; 2,500 / 1,024 = 2.44 -> 2; 100 -> at least 1; 0 stays off."""
+    from ppo_async.config import cadence_iterations
+
+    assert [batch_1024(eval_every_steps=n).eval_every_iterations for n in (3000, 2500, 100, 0)] == [3, 2, 1, 0]
+    assert [batch_1024(run_dir="r", checkpoint_every_steps=n).checkpoint_every_iterations for n in (3000, 2500, 100, 0)] == [3, 2, 1, 0]
+    assert (cadence_iterations(100_000, 2048), cadence_iterations(0, 2048)) == (49, 0)  # the mujoco benchmark's cadence
+    assert batch_1024(eval_every_steps=3000).replace(rollout=RolloutConfig(num_envs=4, num_steps=128)).eval_every_iterations == 6
+
+
+@pytest.mark.parametrize("old, new, extra", [("eval_every", "eval_every_steps", {}),
+                                             ("checkpoint_every", "checkpoint_every_steps", {"run_dir": "r"})])
+def test_a_deprecated_iteration_cadence_warns_and_is_stored_as_env_steps(old, new, extra):
+    """`eval_every = 3` (learner iterations, deprecated for one release) is `eval_every_steps =
+    3 * 1,024`, said by a FutureWarning naming the new field and its value; the old field reads
+    0 again, so config.json, equality and resume see one spelling. Both at once are refused."""
+    message = rf"{old} = 3 \(learner iterations\) is deprecated .*use {new} = 3072 \(env steps: 3 x batch_size 1024\)"
+    with pytest.warns(FutureWarning, match=message):
+        config = batch_1024(**{old: 3}, **extra)
+    assert (getattr(config, old), getattr(config, new)) == (0, 3072)
+    assert config == batch_1024(**{new: 3072}, **extra)
+    assert (pa.config_to_dict(config)[old], pa.config_to_dict(config)[new]) == (0, 3072)
+    with pytest.warns(FutureWarning, match=rf"{old} = 2 .*use {new} = 2048"):
+        assert getattr(batch_1024(**extra).replace(**{old: 2}), new) == 2048  # replace() too
+    with pytest.raises(ConfigError, match=rf"{old} = 3 is invalid: {new} = 3000 is set too: set {new} \(env steps\) alone"):
+        batch_1024(**{old: 3, new: 3000}, **extra)
+
+
+def test_a_stored_config_with_an_iteration_cadence_converts_silently():
+    """A config.json or benchmark.json written before the cadences counted env steps (every
+    committed result holds `eval_every`) reads with the steps of the batch the rest of the dict
+    makes, and no warning: its reader typed nothing."""
+    import warnings
+
+    from ppo_async.config import config_from_dict, config_to_dict, convert_iteration_cadences
+
+    data = config_to_dict(Config(rollout=RolloutConfig(num_envs=16, num_steps=128), run_dir="r"))  # batch 2,048
+    for key in ("eval_every_steps", "checkpoint_every_steps"):
+        del data[key]
+    data.update(eval_every=49, checkpoint_every=49)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config = config_from_dict(data)
+        converted = convert_iteration_cadences(data)
+    assert (config.eval_every_steps, config.checkpoint_every_steps, config.eval_every, config.checkpoint_every) == (
+        100_352, 100_352, 0, 0)
+    assert converted == config_to_dict(config) and data["eval_every"] == 49  # (the dict given is left as it was)
+    with pytest.raises(ConfigError, match="eval_every = 49 is invalid: eval_every_steps = 1000 is set too"):
+        config_from_dict({**data, "eval_every_steps": 1000})
+
+
 def test_replace_revalidates():
     config = small()
     assert config.replace(seed=5).seed == 5

@@ -109,7 +109,7 @@ def test_the_api_reports_every_invalid_field_env_first():
     assert message.startswith("env = 'NoSuchEnv-v9' is not a known") and "\n" not in message
     assert "; total_env_steps = 1000 is invalid: must be at least one learner batch" in message
     with pytest.raises(FieldFailures) as info:
-        pa.Config(seed=-1, num_seeds=0, eval_episodes=0, eval_every=1)
+        pa.Config(seed=-1, num_seeds=0, eval_episodes=0, eval_every_steps=1024)
     assert [field for field, _ in info.value.failures] == ["seed", "num_seeds", "eval_episodes"]
 
 
@@ -154,7 +154,7 @@ def test_every_failure_collects_across_sections_and_checks_no_consequence():
 
 def test_resuming_a_run_whose_config_names_another_env_lists_the_fields_that_differ(tmp_path):
     run_dir = str(tmp_path / "run")
-    status, output = cli(["train", "--env", "Pendulum-v1", *FAST, "--total-env-steps", "256", "--checkpoint-every", "2",
+    status, output = cli(["train", "--env", "Pendulum-v1", *FAST, "--total-env-steps", "256", "--checkpoint-every-steps", "128",
                           "--run-dir", run_dir, "--quiet"])
     assert status == 0, output
     path = os.path.join(run_dir, "config.json")

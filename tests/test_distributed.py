@@ -488,7 +488,7 @@ def two_process_run(tmp_path_factory):
     # barrier mode (the killed run below is asynchronous): every batch holds one fresh rollout of
     # 64 from each of the 2 x 2 samplers
     done = run_module(["launch", "--num-processes", "2", "--", "train", *TINY, "--threaded.barrier",
-                       "--total-env-steps", str(256 * 12), "--checkpoint-every", "4", "--run-dir", str(run_dir), "--quiet"],
+                       "--total-env-steps", str(256 * 12), "--checkpoint-every-steps", str(256 * 4), "--run-dir", str(run_dir), "--quiet"],
                       timeout=300)
     return run_dir, done
 
@@ -622,7 +622,8 @@ def test_process_0_raising_mid_run_ends_the_other_with_an_error_naming_it(tmp_pa
     exits with that error (status 2) once process 1 has ended, and process 1 names it."""
     run_dir, every = tmp_path / "run", 8
     metrics = run_dir / "metrics.jsonl"
-    procs = _start_processes([*FAULT_ARGS, "--run-dir", str(run_dir), "--checkpoint-every", str(every)], launch.free_port())
+    procs = _start_processes([*FAULT_ARGS, "--run-dir", str(run_dir), "--checkpoint-every-steps", str(every * 128)],
+                              launch.free_port())  # batch: 64 x 2 processes
     try:
         seen = _wait_for_rows(procs, metrics, 1)
         step = -(-(seen + 6) // every) * every  # a checkpoint step 6 or more iterations ahead

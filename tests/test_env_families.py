@@ -231,7 +231,7 @@ def test_host_samplers_are_seeded_apart():
 
 def test_gymnasium_threaded_run_keeps_the_accounting_and_evaluates(tmp_path):
     config, result = threaded_run("gymnasium/Pendulum-v1", num_samplers=2, iterations=8,
-                                  run_dir=str(tmp_path / "run"), eval_every=8, eval_episodes=2)
+                                  run_dir=str(tmp_path / "run"), eval_every_steps=8 * 32, eval_episodes=2)
     assert_accounting(config, result)
     assert sorted({r["sampler_id"] for r in result.metrics}) == [0, 1]
     assert np.isfinite(result.metrics[-1]["eval_return"])

@@ -333,7 +333,7 @@ def test_the_learning_rate_scale_survives_a_threaded_resume(tmp_path, monkeypatc
             raise Stop
 
     monkeypatch.setattr(threaded_module.run, "mode_state", spy_mode_state)
-    config = pa.Config(mode="threaded", total_env_steps=7 * 128, run_dir=str(tmp_path / "r"), checkpoint_every=2,
+    config = pa.Config(mode="threaded", total_env_steps=7 * 128, run_dir=str(tmp_path / "r"), checkpoint_every_steps=2 * 128,
                        rollout=pa.RolloutConfig(num_envs=8, num_steps=16), ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2),
                        network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)),
                        threaded=ThreadedConfig(num_samplers=2, kl_target=1e-6, kl_window=1))

@@ -64,7 +64,7 @@ BAD_API_INPUTS = [
     (lambda: pa.Config(mode="threaded", threaded=Th(latency_jitter=0.2)), r"threaded.latency_jitter = 0.2 .*empty"),
     (lambda: pa.Config(ppo=PPO(rho_bar=2.0)), r"ppo.rho_bar = 2.0 .*vtrace"),
     (lambda: pa.Config(ppo=PPO(c_bar=0.5)), r"ppo.c_bar = 0.5 .*vtrace"),
-    (lambda: pa.Config(checkpoint_every=5), r"checkpoint_every = 5 has no effect.*run_dir"),
+    (lambda: pa.Config(checkpoint_every_steps=5000), r"checkpoint_every_steps = 5000 has no effect.*run_dir"),
     (lambda: pa.Config(keep_checkpoints=1), r"keep_checkpoints = 1 has no effect"),
     (lambda: pa.Config(overwrite=True), r"overwrite = True has no effect"),
 ]
@@ -82,7 +82,7 @@ def test_fields_that_act_are_accepted():
                                                                sampler_step_latency_ms=(1.0,) * 4))
     pa.Config(mode="simulated", lag=Lag(schedule="uniform", low=1, high=3, seed=2, num_samplers=2))
     pa.Config(ppo=PPO(advantage_estimator="vtrace", rho_bar=2.0, c_bar=0.5))
-    pa.Config(run_dir="somewhere", checkpoint_every=5, keep_checkpoints=1, overwrite=True)
+    pa.Config(run_dir="somewhere", checkpoint_every_steps=5000, keep_checkpoints=1, overwrite=True)
 
 
 BAD_CLI_INPUTS = [
@@ -121,6 +121,7 @@ def test_run_dir_that_is_a_file_is_refused_before_compiling(tmp_path, cli_main):
     ("num_seeds", [2], "seeds="),
     ("seed", [0, 1], "seeds="),
     ("run_dir", ["a", "b"], "save_sweep"),
+    ("checkpoint_every_steps", [64], "no checkpoints"),
     ("checkpoint_every", [1], "no checkpoints"),
 ])
 def test_sweep_refuses_keys_it_cannot_honour(key, values, needle):
@@ -190,7 +191,7 @@ def test_a_run_dir_holding_a_run_is_refused_unless_overwrite(tmp_path):
 
 def test_resuming_a_complete_run_says_so_and_a_larger_total_extends_it(tmp_path):
     run_dir = str(tmp_path / "r")
-    base = pa.Config(**TINY, run_dir=run_dir, checkpoint_every=2)
+    base = pa.Config(**TINY, run_dir=run_dir, checkpoint_every_steps=2 * 64)
     pa.train(base)
     other = str(tmp_path / "s")
     shutil.copytree(run_dir, other)  # the same finished run, extended again below
@@ -266,11 +267,11 @@ def test_mostly_dropped_run_warns_in_rows_and_result():
     assert clean.extras["warnings"] == [] and all(r["warning"] == "" for r in clean.metrics)
 
 
-def test_eval_every_logs_the_learners_deterministic_return():
+def test_eval_every_steps_logs_the_learners_deterministic_return():
     from ppo_async.run.policy import evaluate
     from ppo_async.run.recorder import EVAL_SEED_OFFSET
 
-    config = pa.Config(**{**TINY, "total_env_steps": 5 * 64}, num_seeds=2, eval_every=2, eval_episodes=3)
+    config = pa.Config(**{**TINY, "total_env_steps": 5 * 64}, num_seeds=2, eval_every_steps=2 * 64, eval_episodes=3)
     result = pa.train(config)
     evaluated = [(r["iteration"], r["seed"]) for r in result.metrics if r.get("eval_return") is not None]
     assert evaluated == [(2, 0), (2, 1), (4, 0), (4, 1), (5, 0), (5, 1)]  # every 2nd and the last

@@ -106,7 +106,7 @@ def test_threaded_samplers_receive_statistics_and_parameters_of_one_version(monk
 def test_checkpoint_round_trip_keeps_the_statistics_exactly(tmp_path):
     """A sync run's checkpoint restores the learner's statistics bit for bit, and a resumed run
     continues to the same statistics as an uninterrupted one."""
-    base = CONFIG.replace(mode="sync", checkpoint_every=4, run_dir=str(tmp_path / "run"),
+    base = CONFIG.replace(mode="sync", checkpoint_every_steps=4 * T * N, run_dir=str(tmp_path / "run"),
                           ppo=dataclasses.replace(CONFIG.ppo, anneal_lr=False))  # an extension keeps the schedule
     full = pa.train(base)
     half = pa.train(base.replace(run_dir=str(tmp_path / "half"), total_env_steps=T * N * 4))

@@ -71,12 +71,15 @@ def test_log_every_rows_aggregate_the_log_every_one_rows(tmp_path, every_iterati
     assert len(result.to_dataframe()) == 3
 
 
-def test_checkpoint_every_must_be_a_multiple_of_log_every():
-    with pytest.raises(pa.ConfigError, match=r"checkpoint_every = 6 .*multiple of log_every = 4"):
-        pa.Config(log_every=4, checkpoint_every=6, run_dir="r")
+def test_the_checkpoint_cadence_must_be_a_multiple_of_log_every():
+    """In whole learner iterations of the default batch of 1,024: 6,144 steps are 6 (refused
+    with log_every = 4), 8,192 are 8 and 7,900 round to 8."""
+    with pytest.raises(pa.ConfigError, match=r"checkpoint_every_steps = 6144 .*every 6 learner iterations .*multiple of log_every = 4"):
+        pa.Config(log_every=4, checkpoint_every_steps=6144, run_dir="r")
     with pytest.raises(pa.ConfigError, match=r"log_every = 0"):
         pa.Config(log_every=0)
-    pa.Config(log_every=4, checkpoint_every=8, run_dir="r")
+    assert pa.Config(log_every=4, checkpoint_every_steps=8192, run_dir="r").checkpoint_every_iterations == 8
+    assert pa.Config(log_every=4, checkpoint_every_steps=7900, run_dir="r").checkpoint_every_iterations == 8
 
 
 def test_metrics_log_round_trips_rows_compactly():

@@ -41,8 +41,8 @@ class Stop(Exception):
 
 
 def test_config_fields_are_validated():
-    with pytest.raises(ConfigError, match="checkpoint_every"):
-        tiny(None, checkpoint_every=-1)
+    with pytest.raises(ConfigError, match="checkpoint_every_steps = -1"):
+        tiny(None, checkpoint_every_steps=-1)
     with pytest.raises(ConfigError, match="keep_checkpoints"):
         tiny(None, keep_checkpoints=0)
 
@@ -50,7 +50,7 @@ def test_config_fields_are_validated():
 def test_simulated_resume_is_exact_and_checkpoints_hold_the_run(tmp_path):
     """Two seeds, emulated lag 2: interrupted after iteration 5 (checkpoint at 4), resumed."""
     lag = LagConfig(schedule="fixed", K=2, num_samplers=2)
-    ref = train(tiny(tmp_path / "a", mode="simulated", num_seeds=2, lag=lag, checkpoint_every=2))
+    ref = train(tiny(tmp_path / "a", mode="simulated", num_seeds=2, lag=lag, checkpoint_every_steps=2 * 64))
     with Checkpointer(tmp_path / "a" / "checkpoints") as ckpt:
         assert ckpt.all_steps() == [2, 4, 6]
     assert os.path.isfile(tmp_path / "a" / "learning_curve.png")
@@ -60,7 +60,8 @@ def test_simulated_resume_is_exact_and_checkpoints_hold_the_run(tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        train(tiny(tmp_path / "b", mode="simulated", num_seeds=2, lag=lag, checkpoint_every=2), on_iteration=stop_at_5)
+        train(tiny(tmp_path / "b", mode="simulated", num_seeds=2, lag=lag, checkpoint_every_steps=2 * 64),
+              on_iteration=stop_at_5)
     assert len(read_jsonl(tmp_path / "b" / "metrics.jsonl")) == 10  # iterations 1..5, 2 seeds
     with Checkpointer(tmp_path / "b" / "checkpoints") as ckpt:
         assert ckpt.latest_step() == 4
@@ -86,6 +87,49 @@ def ckpt_state_like(run_dir):
     return get_mode(config.mode).checkpoint_like(config)
 
 
+def test_cadences_in_env_steps_evaluate_and_checkpoint_at_whole_iterations(tmp_path):
+    """Pendulum, batch 64, 7 iterations: eval_every_steps = 150 is every 2 iterations (150 / 64
+    = 2.3) and checkpoint_every_steps = 200 every 3 (3.1), each also after the last."""
+    config = Config(env="Pendulum-v1", total_env_steps=7 * 64, run_dir=str(tmp_path / "r"), eval_every_steps=150,
+                    eval_episodes=1, checkpoint_every_steps=200, rollout=RolloutConfig(num_envs=4, num_steps=16),
+                    ppo=PPOConfig(num_epochs=1, num_minibatches=2))
+    result = train(config)
+    assert [r["iteration"] for r in result.metrics if r.get("eval_return") is not None] == [2, 4, 6, 7]
+    with Checkpointer(tmp_path / "r" / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [3, 6, 7]
+
+
+def test_a_run_recorded_with_iteration_cadences_resumes_without_a_warning(tmp_path):
+    """A run whose config.json and checkpoint hold the deprecated `eval_every` / `checkpoint_every`
+    (learner iterations: every run written before the cadences counted env steps) resumes with
+    the same cadences, and says nothing (its user typed nothing)."""
+    import json
+    import warnings
+
+    from ppo_async.run.recorder import RESUME_FREE_FIELDS
+    from ppo_async.run.rundir import check_config_matches, read_run_config
+
+    run_dir = tmp_path / "r"
+
+    def stop_at_5(rows):
+        if rows[0]["iteration"] == 5:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(tiny(run_dir, eval_every_steps=3 * 64, eval_episodes=1, checkpoint_every_steps=2 * 64), on_iteration=stop_at_5)
+    data = json.loads((run_dir / "config.json").read_text())
+    old = {**{k: v for k, v in data.items() if not k.endswith("_every_steps")}, "eval_every": 3, "checkpoint_every": 2}
+    (run_dir / "config.json").write_text(json.dumps(old))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_config_matches(read_run_config(str(run_dir)), {"config": old}, RESUME_FREE_FIELDS)  # an old checkpoint's
+        rows = resume(str(run_dir)).metrics
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+    assert [r["iteration"] for r in rows if r.get("eval_return") is not None] == [3, 6]
+    with Checkpointer(run_dir / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [2, 4, 6]
+
+
 def test_resume_errors(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         resume(str(tmp_path / "nope"))
@@ -107,7 +151,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, cli_main):
     run_dir = tmp_path / "killed"
     args = ["train", "--env", "CartPole-v1", "--rollout.num-envs", "4",
             "--rollout.num-steps", "16", "--ppo.num-minibatches", "2", "--ppo.num-epochs", "1",
-            "--total-env-steps", str(iterations * 64), "--checkpoint-every", "1", "--run-dir", str(run_dir), "--quiet"]
+            "--total-env-steps", str(iterations * 64), "--checkpoint-every-steps", "64", "--run-dir", str(run_dir), "--quiet"]
     ckpt_dir = run_dir / "checkpoints"
     sigkill_train_when(args, lambda: ckpt_dir.is_dir() and len([d for d in os.listdir(ckpt_dir) if d.isdigit()]) >= 2)
     killed_rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -121,5 +165,5 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, cli_main):
     with Checkpointer(run_dir / "checkpoints") as ckpt:
         assert ckpt.all_steps() == [iterations - 2, iterations - 1, iterations]
 
-    reference = train(tiny(tmp_path / "ref", iterations=iterations))  # checkpoint_every does not change the maths
+    reference = train(tiny(tmp_path / "ref", iterations=iterations))  # the checkpoint cadence does not change the maths
     assert_same_rows(reference.metrics, rows)

@@ -14,7 +14,7 @@ import ppo_async as pa
 
 
 def tiny(run_dir) -> pa.Config:
-    return pa.Config(env="CartPole-v1", total_env_steps=2 * 64, run_dir=str(run_dir), checkpoint_every=1,
+    return pa.Config(env="CartPole-v1", total_env_steps=2 * 64, run_dir=str(run_dir), checkpoint_every_steps=64,
                      rollout=pa.RolloutConfig(num_envs=4, num_steps=16), ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2))
 
 
@@ -95,4 +95,4 @@ def test_check_resume_config_without_a_checkpoint_says_nothing(tmp_path):
     from ppo_async.run.recorder import check_resume_config
 
     check_resume_config(tiny(tmp_path / "none"))  # no run directory yet: nothing to compare
-    check_resume_config(tiny(tmp_path / "none").replace(run_dir=None, checkpoint_every=0))
+    check_resume_config(tiny(tmp_path / "none").replace(run_dir=None, checkpoint_every_steps=0))

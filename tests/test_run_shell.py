@@ -241,7 +241,7 @@ def test_recorder_refuses_a_foreign_directory_and_resets_a_run_directory(tmp_pat
     assert (foreign / "thesis.tex").read_text() == "precious"
 
     run_dir = tmp_path / "run"
-    config = pa.Config(**TINY, run_dir=str(run_dir), checkpoint_every=2)
+    config = pa.Config(**TINY, run_dir=str(run_dir), checkpoint_every_steps=2 * 64)
     with RunRecorder(config, [{"seed": 0}]) as recorder:
         for i in (1, 2, 3):
             recorder.record([row(i)], i, state=lambda: {"x": jnp.arange(3)})
@@ -262,7 +262,7 @@ def test_recorder_refuses_a_foreign_directory_and_resets_a_run_directory(tmp_pat
 
 
 def test_final_checkpoint_saves_a_run_stopped_early(tmp_path):
-    config = pa.Config(**TINY, run_dir=str(tmp_path / "r"), checkpoint_every=10)
+    config = pa.Config(**TINY, run_dir=str(tmp_path / "r"), checkpoint_every_steps=10 * 64)
     with RunRecorder(config, [{"seed": 0}]) as recorder:
         assert [recorder.checkpoint_due(i) for i in (1, 2, 3)] == [False, False, True]
         recorder.record([row(1)], 1, state=lambda: {"x": jnp.zeros(2)})

@@ -71,7 +71,7 @@ def test_queued_iterations_carry_a_train_state_only_when_the_logger_needs_it(mon
         return real(shared, out, item)
 
     monkeypatch.setattr(threaded_module.learner, "put_for_logger", spy)
-    config = pa.Config(mode="threaded", total_env_steps=12 * 64, eval_every=5, eval_episodes=1,
+    config = pa.Config(mode="threaded", total_env_steps=12 * 64, eval_every_steps=5 * 64, eval_episodes=1,
                        threaded=pa.ThreadedConfig(num_samplers=2), **SMALL)
     pa.train(config)
     assert [i for i, with_state in held if with_state] == [5, 10, 12]  # evaluations and the last iteration

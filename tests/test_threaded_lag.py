@@ -283,7 +283,7 @@ def test_a_resumed_run_continues_the_schedule_from_its_checkpoint(tmp_path):
         if rows[0]["iteration"] == 5:
             raise Stop
 
-    config = barrier_config("Pendulum-v1", pa.LagConfig(K=2)).replace(run_dir=str(tmp_path / "r"), checkpoint_every=2)
+    config = barrier_config("Pendulum-v1", pa.LagConfig(K=2)).replace(run_dir=str(tmp_path / "r"), checkpoint_every_steps=2 * BATCH)
     with pytest.raises(Stop):
         pa.train(config, on_iteration=stop_at_5)
     records = pa.resume(str(tmp_path / "r")).extras["version_schedule"]

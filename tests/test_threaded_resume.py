@@ -40,7 +40,7 @@ ITERATIONS = 40
 # a small threaded Pendulum-v1 run with a checkpoint per iteration (the logger's back-pressure
 # paces the learner to the checkpoints), two samplers with a little simulated env latency
 CLI_ARGS = ["train", "--mode", "threaded", "--env", "Pendulum-v1", "--quiet", "--total-env-steps", str(ITERATIONS * BATCH),
-            "--checkpoint-every", "1", "--rollout.num-envs", "8", "--rollout.num-steps", "16", "--ppo.num-epochs", "1",
+            "--checkpoint-every-steps", str(BATCH), "--rollout.num-envs", "8", "--rollout.num-steps", "16", "--ppo.num-epochs", "1",
             "--ppo.num-minibatches", "2", "--network.actor-hidden", "16", "--network.critic-hidden", "16",
             "--threaded.num-samplers", "2", "--threaded.sampler-step-latency-ms", "2", "2"]
 
@@ -60,7 +60,7 @@ def stop_at(iteration: int):
 def small(run_dir, iterations: int, **kw) -> pa.Config:
     threaded = kw.pop("threaded", ThreadedConfig(num_samplers=2))
     return pa.Config(mode="threaded", threaded=threaded, total_env_steps=iterations * BATCH, run_dir=str(run_dir),
-                     checkpoint_every=2, **SMALL, **kw)
+                     checkpoint_every_steps=2 * BATCH, **SMALL, **kw)
 
 
 def checkpoint_steps(run_dir) -> list[int]:
@@ -175,7 +175,7 @@ def test_resume_restores_the_learner_exactly(tmp_path, monkeypatch):
 
 def test_a_host_env_run_resumes_and_a_complete_one_says_so(tmp_path):
     config = pa.Config(env="gymnasium/Pendulum-v1", mode="threaded", total_env_steps=6 * 32, run_dir=str(tmp_path / "h"),
-                       checkpoint_every=2, rollout=pa.RolloutConfig(num_envs=4, num_steps=8),
+                       checkpoint_every_steps=2 * 32, rollout=pa.RolloutConfig(num_envs=4, num_steps=8),
                        threaded=ThreadedConfig(num_samplers=2), ppo=SMALL["ppo"], network=SMALL["network"])
     with pytest.raises(Stop):
         pa.train(config, on_iteration=stop_at(3))

@@ -14,6 +14,7 @@ from ppo_async.config.checks import check_field_types
 from ppo_async.config.paths import (
     config_from_dict,
     config_to_dict,
+    convert_iteration_cadences,
     get_path,
     parse_assignments,
     replace_path,
@@ -48,8 +49,10 @@ from ppo_async.config.choices import (
     WeightInitName,
 )
 from ppo_async.config.run_config import (
+    DEPRECATED_CADENCES,
     HOST_ONLY_FIELDS,
     Config,
+    cadence_iterations,
     check_config_type,
     env_check_deferred,
 )
@@ -87,6 +90,7 @@ __all__ = [
     "STATS_UPDATES",
     "StatsUpdateName",
     "FullPolicyName",
+    "DEPRECATED_CADENCES",
     "HOST_ONLY_FIELDS",
     "LAG_FILTER_FIELDS",
     "LAG_SCHEDULES",
@@ -107,8 +111,10 @@ __all__ = [
     "check_config_type",
     "check_given_apply",
     "env_check_deferred",
+    "cadence_iterations",
     "config_from_dict",
     "config_to_dict",
+    "convert_iteration_cadences",
     "get_path",
     "parse_assignments",
     "replace_path",

@@ -50,8 +50,8 @@ def check_fields_apply(config: Any) -> None:
     reads them (`_lag_inert_reason`); `threaded.*`
     fields need mode='threaded' (`threaded.latency_jitter` also needs a latency);
     `ppo.rho_bar` / `ppo.c_bar` need advantage_estimator='vtrace'; `ppo.is_clip` /
-    `ppo.prox_ewma` need objective='decoupled'; checkpoint_every,
-    keep_checkpoints and overwrite need a run_dir.
+    `ppo.prox_ewma` need objective='decoupled'; eval_episodes needs evaluation
+    (eval_every_steps > 0); checkpoint_every_steps, keep_checkpoints and overwrite need a run_dir.
     """
     check_env_options(config)
     for name in _changed(config.lag, LagConfig()):
@@ -73,10 +73,10 @@ def check_fields_apply(config: Any) -> None:
         why = _ppo_inert_reason(config.ppo, name)
         if why is not None:
             _inert(f"ppo.{name}", getattr(config.ppo, name), why)
-    if config.eval_every == 0 and config.eval_episodes != type(config).__dataclass_fields__["eval_episodes"].default:
-        _inert("eval_episodes", config.eval_episodes, "evaluation is off (eval_every = 0)")
-    if config.run_dir is None:
-        for name in ("checkpoint_every", "keep_checkpoints", "overwrite"):
+    if config.eval_every_steps == 0 and config.eval_episodes != type(config).__dataclass_fields__["eval_episodes"].default:
+        _inert("eval_episodes", config.eval_episodes, "evaluation is off (eval_every_steps = 0)")
+    if config.run_dir is None:  # (the deprecated checkpoint_every is checkpoint_every_steps by now)
+        for name in ("checkpoint_every_steps", "keep_checkpoints", "overwrite"):
             if getattr(config, name) != type(config).__dataclass_fields__[name].default:
                 _inert(name, getattr(config, name), "there is no run_dir to write checkpoints into")
 

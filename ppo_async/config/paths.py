@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from ppo_async.config.checks import did_you_mean, field_paths
 from ppo_async.config.applicability import check_given_apply
-from ppo_async.config.run_config import Config
+from ppo_async.config.run_config import DEPRECATED_CADENCES, Config, stored_config
 from ppo_async.config.sections import (
     DistributedConfig,
     EnvOptions,
@@ -65,7 +65,21 @@ def config_from_dict(data: dict[str, Any]) -> Config:
             kwargs[key] = cls(**section)
         else:
             kwargs[key] = value
-    return Config(**kwargs)
+    with stored_config():  # a deprecated iteration cadence (an older config.json) converts silently
+        return Config(**kwargs)
+
+def convert_iteration_cadences(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config dict (a config.json, a benchmark.json's configs, a checkpoint's metadata) in
+    today's spelling, to compare with today's: its deprecated iteration cadences
+    (`DEPRECATED_CADENCES`, e.g. `eval_every: 49`) as the env-step fields of the config it
+    makes (`eval_every_steps: 49 * batch_size`), the old keys at 0, every other key as it
+    was; silently. ConfigError when the dict makes no valid config (e.g. both spellings set)."""
+    if not any(data.get(old) for old in DEPRECATED_CADENCES):
+        return dict(data)
+    config = config_from_dict(dict(data))
+    return {**data, **{old: 0 for old in DEPRECATED_CADENCES if old in data},
+            **{new: getattr(config, new) for old, new in DEPRECATED_CADENCES.items() if data.get(old)}}
+
 
 def get_path(config: Config, path: str) -> Any:
     """The value of a dotted field, e.g. `get_path(c, "ppo.clip_eps")`; ConfigError if unknown."""

@@ -11,6 +11,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import os
+import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -51,8 +54,44 @@ def env_check_deferred() -> Iterator[None]:
         _ENV_CHECK_DEFERRED.reset(token)
 
 
-HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "eval_every",
-                    "eval_episodes", "log_every", "overwrite")
+HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every_steps", "keep_checkpoints", "wandb_project", "eval_every_steps",
+                    "eval_episodes", "log_every", "overwrite", "checkpoint_every", "eval_every")
+
+DEPRECATED_CADENCES = {"eval_every": "eval_every_steps", "checkpoint_every": "checkpoint_every_steps"}
+"""The cadences once counted in learner iterations (deprecated for one release) -> the fields
+that count them in env steps. Setting one converts it (`Config._convert_iteration_cadences`),
+with a FutureWarning; a stored config holding one is converted silently (`stored_config`)."""
+_CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+_STORED: contextvars.ContextVar[bool] = contextvars.ContextVar("stored_config", default=False)
+
+
+@contextlib.contextmanager
+def stored_config() -> Iterator[None]:
+    """Within it, a `Config` is one read back from a file (config.json, a benchmark's configs,
+    a checkpoint's metadata): it converts a deprecated iteration cadence without the
+    FutureWarning, since its reader typed nothing (`paths.config_from_dict` builds in it)."""
+    token = _STORED.set(True)
+    try:
+        yield
+    finally:
+        _STORED.reset(token)
+
+
+def cadence_iterations(steps: int, batch_size: int) -> int:
+    """Learner iterations between the events of a cadence given in env steps: `steps /
+    batch_size` rounded to the nearest whole iteration, at least 1; 0 (off) for 0 steps."""
+    return 0 if steps == 0 else max(1, int(round(steps / batch_size)))
+
+
+def _stacklevel_outside_config() -> int:
+    """The `stacklevel` that points a warning raised by this module's caller at the first frame
+    outside the config package, `dataclasses` and generated code (a dataclass's `__init__`):
+    the line that built or replaced the config, whichever way it went."""
+    frame, level = sys._getframe(1), 1  # level 1: the caller's line
+    while frame is not None and (frame.f_code.co_filename.startswith((_CONFIG_DIR, "<"))
+                                 or frame.f_code.co_filename == dataclasses.__file__):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @record_given
@@ -72,20 +111,24 @@ class Config:
     """Environment steps per seed; rounded down to whole iterations of num_envs * num_steps."""
     run_dir: str | None = None
     """Directory for config.json, metrics.jsonl, checkpoints/, tb/ and plots; None writes nothing."""
-    checkpoint_every: int = 0
-    """Save a checkpoint into RUN_DIR/checkpoints every this many learner iterations (0 = only the final one)."""
+    checkpoint_every_steps: int = 0
+    """Save a checkpoint into RUN_DIR/checkpoints every this many env steps, rounded to whole learner iterations (and after the last); 0 = only the final one."""
     keep_checkpoints: int = 3
     """Checkpoints kept on disk (the oldest are deleted)."""
     wandb_project: str | None = None
     """Also log every metric row to this Weights & Biases project (needs `pip install wandb`; never required); None = off."""
-    eval_every: int = 0
-    """Evaluate the learner's current params every this many learner iterations (and after the last), logged as eval_return; 0 = off."""
+    eval_every_steps: int = 0
+    """Evaluate the learner's current params every this many env steps, rounded to whole learner iterations (and after the last), logged as eval_return; 0 = off."""
     eval_episodes: int = 10
     """Episodes per evaluation (deterministic actions: the Gaussian mean / the argmax)."""
     log_every: int = 1
     """Learner iterations per metrics row: a row aggregates the iterations since the previous one (means, maxima, summed histograms and counts, the last counters; `ppo_async.report.aggregate`), in metrics.jsonl, TensorBoard, W&B and TrainResult.metrics alike. The non-finite checks, the sample accounting and the warnings still run every iteration."""
     overwrite: bool = False
     """Replace a run already in run_dir (its metrics, checkpoints, schedules and plots); without it a run_dir holding a run is refused (resume it instead)."""
+    checkpoint_every: int = 0
+    """Deprecated (goes in the next release): checkpoint_every_steps in learner iterations. Setting it sets checkpoint_every_steps = it x the learner batch, with a FutureWarning, and it reads 0 again."""
+    eval_every: int = 0
+    """Deprecated (goes in the next release): eval_every_steps in learner iterations. Setting it sets eval_every_steps = it x the learner batch, with a FutureWarning, and it reads 0 again."""
     env_options: EnvOptions = field(default_factory=EnvOptions)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
@@ -105,8 +148,10 @@ class Config:
         _check_int("seed", self.seed, 0)
         _check_int("num_seeds", self.num_seeds, 1)
         _check_int("total_env_steps", self.total_env_steps, 1)
-        _check_int("checkpoint_every", self.checkpoint_every, 0)
+        _check_int("checkpoint_every_steps", self.checkpoint_every_steps, 0)
         _check_int("keep_checkpoints", self.keep_checkpoints, 1)
+        _check_int("eval_every_steps", self.eval_every_steps, 0)
+        _check_int("checkpoint_every", self.checkpoint_every, 0)
         _check_int("eval_every", self.eval_every, 0)
         _check_int("eval_episodes", self.eval_episodes, 1)
         _check_int("log_every", self.log_every, 1)
@@ -115,15 +160,17 @@ class Config:
                 _fail(name, getattr(self, name), f"must be a {cls.__name__}")
         stop_if_failed(then=self._check_env_name)  # the rules below compare fields with each other
         check_sizes(self)  # int32 and sane bounds, before any rule that multiplies them
+        self._convert_iteration_cadences()  # (needs the batch size)
         self._check_env_name()  # after the env-free checks: a gymnax name imports gymnax (and JAX)
         # after the name check: an unknown name is reported as such, not as the wrong mode for it
         if split_env_name(self.env)[0] in HOST_ENV_FAMILIES and self.mode != "threaded":
             _fail("mode", self.mode,
                   f"must be 'threaded' for the host-side env {self.env!r} (its simulator steps on each sampler "
                   "thread's host, outside jit; sync and simulated modes need a JAX env: gymnax, brax/* or playground/*)")
-        if self.run_dir is not None and self.checkpoint_every % self.log_every != 0:
-            _fail("checkpoint_every", self.checkpoint_every,
-                  f"must be a multiple of log_every = {self.log_every} (a checkpoint closes a metrics row, so a resumed run continues its rows exactly)")
+        if self.run_dir is not None and self.checkpoint_every_iterations % self.log_every != 0:
+            _fail("checkpoint_every_steps", self.checkpoint_every_steps,
+                  f"gives every {self.checkpoint_every_iterations} learner iterations (batch_size {self.batch_size}), which must be "
+                  f"a multiple of log_every = {self.log_every} (a checkpoint closes a metrics row, so a resumed run continues its rows exactly)")
         if self.wandb_project is not None and (not isinstance(self.wandb_project, str) or not self.wandb_project.strip()):
             _fail("wandb_project", self.wandb_project, "must be a non-empty project name or None")
         if self.batch_size % self.ppo.num_minibatches != 0:
@@ -155,6 +202,30 @@ class Config:
                 _fail("total_env_steps", self.total_env_steps,
                       f"must be at least one learner batch ({self._batch_formula()} = {self.batch_size})")
         check_fields_apply(self)
+
+    def _convert_iteration_cadences(self) -> None:
+        """Each deprecated cadence set (`DEPRECATED_CADENCES`: `eval_every = k` learner iterations)
+        as its env-step field (`eval_every_steps = k * batch_size`), said by a FutureWarning (not
+        for a config read back from a file: `stored_config`); the old field reads 0 again, so
+        config.json, equality and resume see one spelling. Both set is a failure naming both."""
+        for old, new in DEPRECATED_CADENCES.items():
+            iterations, steps = getattr(self, old), getattr(self, new)
+            if iterations == 0:
+                continue
+            if steps != 0:
+                _fail(old, iterations, f"{new} = {steps!r} is set too: set {new} (env steps) alone ({old} is its deprecated "
+                      "spelling in learner iterations)")
+                continue
+            steps = iterations * self.batch_size
+            if not _STORED.get():
+                warnings.warn(f"{old} = {iterations} (learner iterations) is deprecated and goes in the next release: use "
+                              f"{new} = {steps} (env steps: {iterations} x batch_size {self.batch_size}), which this config "
+                              f"now holds ({old} reads 0)", FutureWarning, stacklevel=_stacklevel_outside_config())
+            object.__setattr__(self, new, steps)
+            object.__setattr__(self, old, 0)
+            given = getattr(self, "_given_fields", None)
+            if given is not None and old in given:
+                object.__setattr__(self, "_given_fields", given - {old} | {new})
 
     def _check_env_name(self) -> None:
         if not _ENV_CHECK_DEFERRED.get():
@@ -226,6 +297,18 @@ class Config:
     def num_iterations(self) -> int:
         """Learner iterations per seed (whole batches within total_env_steps)."""
         return self.total_env_steps // self.batch_size
+
+    @property
+    def eval_every_iterations(self) -> int:
+        """Learner iterations between evaluations: `eval_every_steps` in whole iterations
+        (`cadence_iterations`: rounded, at least 1); 0 when evaluation is off."""
+        return cadence_iterations(self.eval_every_steps, self.batch_size)
+
+    @property
+    def checkpoint_every_iterations(self) -> int:
+        """Learner iterations between checkpoints: `checkpoint_every_steps` in whole iterations
+        (`cadence_iterations`: rounded, at least 1); 0 when only the final one is written."""
+        return cadence_iterations(self.checkpoint_every_steps, self.batch_size)
 
     @property
     def sgd_steps_per_iteration(self) -> int:

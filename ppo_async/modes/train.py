@@ -35,7 +35,7 @@ def train(
     """Trains `config.num_seeds` seeds of PPO in `config.mode` and returns a `TrainResult`.
 
     With `config.run_dir` set it writes RUN_DIR/config.json, metrics.jsonl, checkpoints/
-    (every `config.checkpoint_every` iterations and at the end), TensorBoard events in tb/,
+    (every `config.checkpoint_every_steps` env steps, in whole iterations, and at the end), TensorBoard events in tb/,
     at the first result startup.json (where the seconds before it went: imports, env, tracing,
     XLA compile, the first iteration; `ppo_async.run.startup`, also in
     `TrainResult.extras["startup"]`) and, once the run is done, the PNG plots of `plots.plot_run`. A run directory that already
@@ -47,7 +47,7 @@ def train(
       progress: show a console progress bar.
       on_iteration: called with the rows of every learner iteration (one per seed).
       resume: continue the run in `config.run_dir` from its latest complete checkpoint
-        (the config must match the checkpoint's, up to run_dir / checkpoint_every /
+        (the config must match the checkpoint's, up to run_dir / checkpoint_every_steps /
         keep_checkpoints / wandb_project). metrics.jsonl is cut back to the checkpoint's
         iteration and the continued run computes bit for bit what the uninterrupted run
         would have (`Mode.resumable`: sync, simulated; a threaded run restores its learner

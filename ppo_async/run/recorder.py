@@ -48,7 +48,8 @@ LOSS_FIELDS = ("policy_loss", "value_loss", "entropy", "approx_kl")
 ACCOUNTING_FIELDS = ("samples_produced", "samples_consumed", "samples_dropped", "samples_resident")
 # Fields that may differ between a run and its resumption (they do not change the maths).
 # total_env_steps may grow (an extension; `rundir.check_can_start` refuses shrinking).
-RESUME_FREE_FIELDS = ("run_dir", "checkpoint_every", "keep_checkpoints", "wandb_project", "overwrite", "total_env_steps")
+RESUME_FREE_FIELDS = ("run_dir", "checkpoint_every_steps", "checkpoint_every", "keep_checkpoints", "wandb_project", "overwrite",
+                      "total_env_steps")
 
 
 def latest_checkpoint_meta(run_dir: str, keep: int) -> dict[str, Any] | None:
@@ -353,15 +354,15 @@ class RunRecorder:
     # ------------------------------------------------------------------ per iteration
 
     def checkpoint_due(self, iteration: int) -> bool:
-        """Whether a checkpoint is written after `iteration`: every `checkpoint_every` and after the last."""
+        """Whether a checkpoint is written after `iteration`: every `checkpoint_every_iterations` and after the last."""
         if not self.run_dir:
             return False
-        every = self.config.checkpoint_every
+        every = self.config.checkpoint_every_iterations
         return iteration == self.config.num_iterations or (every > 0 and iteration % every == 0)
 
     def eval_due(self, iteration: int) -> bool:
-        """Whether the learner's params are evaluated after `iteration`: every `eval_every` and after the last."""
-        every = self.config.eval_every
+        """Whether the learner's params are evaluated after `iteration`: every `eval_every_iterations` and after the last."""
+        every = self.config.eval_every_iterations
         return self.writes_files and every > 0 and (iteration % every == 0 or iteration == self.config.num_iterations)
 
     def wants_state(self, iteration: int) -> bool:

@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
+from ppo_async.config import convert_iteration_cadences
 from ppo_async.errors import ConfigError, DataFileError
 from ppo_async.report.metrics import read_jsonl
 
@@ -49,6 +50,16 @@ def changed_paths(recorded: Any, today: Any, prefix: str = "", defaults: Any = _
                 if not (k not in recorded and sub(k) is not _MISSING and today.get(k) == sub(k))
                 for p in changed_paths(recorded.get(k), today.get(k), f"{prefix}{k}.", sub(k))]
     return [] if recorded == today else [prefix.rstrip(".")]
+
+
+def as_today(config: Any) -> Any:
+    """A recorded config dict in today's spelling, to compare with today's
+    (`convert_iteration_cadences`: `eval_every: 49` of batch 2048 is `eval_every_steps: 100352`);
+    as recorded when it is no dict or today's code refuses it (the comparison names what differs)."""
+    try:
+        return convert_iteration_cadences(config) if isinstance(config, dict) else config
+    except ConfigError:
+        return config
 
 
 def check_spec(path: str, spec: Mapping[str, Any], refusal: Callable[[dict, dict], str | None],

@@ -72,11 +72,13 @@ UNSWEEPABLE = {
     "run_dir": "a sweep writes no run directory; save its DataFrame with save_sweep()",
     "overwrite": "a sweep writes no run directory",
     "checkpoint_every": "a sweep writes no checkpoints",
+    "checkpoint_every_steps": "a sweep writes no checkpoints",
     "keep_checkpoints": "a sweep writes no checkpoints",
     "wandb_project": "a sweep does not log to W&B",
 }
 # What a sweep resets in the base config: it writes no run directory (documented, not silent).
-_NO_RUN_DIR = {"run_dir": None, "checkpoint_every": 0, "keep_checkpoints": 3, "overwrite": False, "wandb_project": None}
+_NO_RUN_DIR = {"run_dir": None, "checkpoint_every_steps": 0, "checkpoint_every": 0, "keep_checkpoints": 3, "overwrite": False,
+               "wandb_project": None}
 
 
 def sweep_mode(config: Config) -> str:

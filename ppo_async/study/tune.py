@@ -150,7 +150,7 @@ class _Tuner:
     """The impure shell: runs (or, resuming, reads back) one measured setting at a time."""
 
     def __init__(self, base: Config, kl_target: float, budget: int, seeds: int, out: str | None, progress: bool):
-        self.base = base.replace(total_env_steps=budget, run_dir=None, checkpoint_every=0, overwrite=False)
+        self.base = base.replace(total_env_steps=budget, run_dir=None, checkpoint_every_steps=0, overwrite=False)
         self.kl_target, self.seeds, self.out, self.progress = kl_target, seeds, out, progress
         self.done: dict[str, dict] = {}
         self.steps: list[TuneStep] = []
@@ -253,7 +253,9 @@ class _Tuner:
 def _refusal(out: str, recorded: dict, now: dict) -> str | None:
     """Why OUT's tune.json (`recorded`) is another tune than `now`'s: the fields that differ
     (`store.changed_paths`: config fields added to the code since count as their defaults, as
-    for the benchmark); None when it is the same tune."""
+    for the benchmark; one written before the cadences counted env steps in today's spelling,
+    `store.as_today`); None when it is the same tune."""
+    recorded = {**recorded, "config": store.as_today(recorded.get("config"))} if "config" in recorded else recorded
     paths = store.changed_paths(recorded, now, defaults={"config": config_to_dict(Config())})
     if not paths:
         return None

@@ -9,8 +9,8 @@ Every run's config is `config_for_env(env)` (the preset `train --env` uses) plus
 (`MODES`, data in `MODE_DEFS`: each mode is its parent plus the fields it changes) and the suite's
 fields for that mode (`Suite.mode_fields`), the samplers of a threaded mode sharing the preset's
 envs (`share_envs`), the seed, the budget, the evaluation cadence and its run directory - nothing else. A
-run evaluates the learner's deterministic policy every `eval_every_steps` env steps (converted
-to whole learner iterations: `Config.eval_every`) and after its last iteration, over
+run evaluates the learner's deterministic policy every `eval_every_steps` env steps (in whole
+learner iterations: `Config.eval_every_iterations`) and after its last iteration, over
 `eval_episodes` episodes, and appends one row per evaluation to OUT/results.csv (`COLUMNS`).
 
 OUT holds (`store`): benchmark.json (the arguments and each env x mode's config: a second call with other
@@ -56,7 +56,7 @@ from ppo_async.study.benchmark.store import (  # _key: a results row's (env, mod
     write_results)
 from ppo_async.study.benchmark.suites import (
     ASYNC_MODES, JAX_ONLY_MODES, MODE_DEFS, MODES, MUJOCO_ENVS, SLOW_SAMPLERS, SLOW_SIMULATORS, SLOW_STEP_MS,
-    SLOW_STRAGGLER, SUITES, BenchmarkMode, Plan, Suite, eval_iterations, mode_fields, modes_for_env, plan_spec,
+    SLOW_STRAGGLER, SUITES, BenchmarkMode, Plan, Suite, mode_fields, modes_for_env, plan_spec,
     resolve_plan, run_config, share_envs)
 
 __all__ = [
@@ -64,7 +64,7 @@ __all__ = [
     "REFERENCES_PATH", "REPORT_FILE", "RESULTS_FILE", "SLOW_SAMPLERS", "SLOW_SIMULATORS", "SLOW_STEP_MS",
     "SLOW_STRAGGLER", "SPEC_FILE", "SUITES", "TRAIN_TAIL", "WALL_FILE", "BenchmarkMode", "Plan", "Suite", "WallLog",
     "aggregate", "aggregate_section", "barrier_async_section", "benchmark", "bootstrap_mean_ci", "check_spec",
-    "checkpoint_of", "checkpoint_table", "checkpoints_section", "episode_weighted", "eval_iterations",
+    "checkpoint_of", "checkpoint_table", "checkpoints_section", "episode_weighted",
     "final_section", "finish_run", "finished_keys", "has_checkpoint", "load_references", "mode_fields",
     "modes_for_env", "normalise", "normalising_references", "plan_spec", "plot_aggregate", "plot_learning_curves",
     "plot_wall_clock", "reach_ratio", "read_results", "read_walls", "report", "require_rliable", "resolve_plan",

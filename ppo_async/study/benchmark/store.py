@@ -68,9 +68,11 @@ def _refusal(out: str, first: dict, spec: dict) -> str | None:
         said = ", ".join(f"{k}={first.get(k)!r} (now {spec.get(k)!r})" for k in args)
         return (f"out = {out!r} holds a benchmark with other arguments: {said}; use another out, the same "
                 "arguments, or more seeds / envs / modes")
-    recorded = first.get("configs", {})
+    # both sides in today's spelling (`store.as_today`): a config recorded with `eval_every: 49`
+    # (learner iterations) is one with `eval_every_steps: 49 * batch_size`
+    recorded = {key: store.as_today(config) for key, config in first.get("configs", {}).items()}
     default = config_to_dict(Config())
-    fields = store.changed_paths(recorded, {k: v for k, v in spec.get("configs", {}).items() if k in recorded},
+    fields = store.changed_paths(recorded, {k: store.as_today(v) for k, v in spec.get("configs", {}).items() if k in recorded},
                                  defaults={k: default for k in recorded})
     if fields:
         return (f"out = {out!r} holds a benchmark whose configs differ from today's (presets changed?): "
@@ -141,7 +143,7 @@ def results_rows(metrics: Sequence[Mapping[str, Any]], walls: Mapping[int, float
             train_return, episodes = episode_weighted(window)
         out.append({
             "env": env, "mode": mode, "seed": config.seed,
-            "checkpoint": checkpoint_of(iteration, config.eval_every, n, eval_every_steps, config.total_env_steps),
+            "checkpoint": checkpoint_of(iteration, config.eval_every_iterations, n, eval_every_steps, config.total_env_steps),
             "iteration": iteration, "env_steps": int(row["env_steps"]), "eval_return": as_number(row["eval_return"]),
             "train_return": train_return, "episodes": episodes, "wall_s": walls.get(iteration, math.nan),
             "train_wall_s": as_number(row.get("wall_time")), "approx_kl": _window_mean(window, "approx_kl"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from ppo_async.config import Config, ConfigError, config_to_dict, get_path, replace_paths
+from ppo_async.config import Config, ConfigError, cadence_iterations, config_to_dict, get_path, replace_paths
 from ppo_async.config.presets import config_for_env
 from ppo_async.envs.registry import HOST_ENV_FAMILIES, split_env_name
 from ppo_async.modes.registry import get_mode
@@ -197,25 +197,21 @@ def _check_changes(changes: Mapping[str, Any] | None) -> tuple[tuple[str, Any], 
     return tuple(sorted(changes.items()))
 
 
-def eval_iterations(eval_every_steps: int, batch_size: int) -> int:
-    """Learner iterations between evaluations: `eval_every_steps / batch_size` rounded, at least 1."""
-    return max(1, int(round(eval_every_steps / batch_size)))
-
-
 def run_config(plan: Plan, env: str, mode: str, seed: int, run_dir: str | None) -> Config:
     """The config of one run: the env's preset, the mode's fields (with the suite's for that
     mode), the plan's changes, seed, budget, run_dir; the preset's envs shared among the
     samplers of a threaded mode (`share_envs`); then
-    evaluation every `eval_every_steps` (whole iterations) and a checkpoint at each evaluation
-    for the modes that can resume."""
+    evaluation every `eval_every_steps` and a checkpoint at each evaluation for the modes that
+    can resume, both in whole learner iterations (`cadence_iterations`) and recorded as such:
+    `eval_every_steps = every * batch_size`."""
     changes = {**MODES[mode], **SUITES[plan.suite].mode_fields.get(mode, {}), **dict(plan.changes), "seed": seed,
                "total_env_steps": plan.total_env_steps, "run_dir": run_dir}
     config = config_for_env(env, changes)
     if config.mode == "threaded":
         config = share_envs(config)
-    every = eval_iterations(plan.eval_every_steps, config.batch_size)
+    every = cadence_iterations(plan.eval_every_steps, config.batch_size) * config.batch_size
     checkpoint_every = every if run_dir is not None and get_mode(config.mode).resumable else 0
-    return config.replace(eval_every=every, eval_episodes=plan.eval_episodes, checkpoint_every=checkpoint_every)
+    return config.replace(eval_every_steps=every, eval_episodes=plan.eval_episodes, checkpoint_every_steps=checkpoint_every)
 
 
 def share_envs(config: Config) -> Config:
