@@ -146,7 +146,7 @@ def config_page() -> str:
              "Every field of `ppo_async.Config`, by section. On the command line a field is a flag "
              "(`train --ppo.clip-eps 0.1`: dots between sections, `-` for `_`); in a `--config` file "
              "a nested key or a dotted one; from Python `pa.Config(ppo=pa.PPOConfig(clip_eps=0.1))` "
-             "or `config.replace(...)`. The descriptions are the fields' docstrings, which "
+             "or `config.replace({\"ppo.clip_eps\": 0.1})`. The dotted path is one name in either spelling everywhere a field is named by a string: `--set ppo.clip_eps=0.1` or `--set ppo.clip-eps=0.1` (benchmark), sweep grid keys, `replace_path`, `Config.replace` (dotted keys beside top-level ones). The descriptions are the fields' docstrings, which "
              "`python -m ppo_async train --help` prints too. A value out of range, or a field set "
              "where it would do nothing, is a `ConfigError` naming the field "
              "([Concepts](../concepts.md) explains what the fields control).\n\n"]

@@ -444,3 +444,35 @@ def test_parse_assignments_reads_json_values_and_names_a_bad_item():
         "env": "gymnasium/Hopper-v5", "lag.max_lag": None}
     with pytest.raises(ConfigError, match=r"'ppo.gamma' is not a dotted.field=value assignment"):
         parse_assignments(["ppo.gamma"])
+
+
+def test_one_override_syntax_everywhere_in_either_spelling():
+    """`ppo.clip_eps` and `ppo.clip-eps` (the flag's spelling) name one field in `--set`
+    assignments, `replace_path(s)`, sweep grids and `Config.replace`, which takes dotted
+    keys beside top-level ones and keeps the rest of the section and of the env's preset."""
+    from ppo_async.config import get_path, parse_assignments, replace_paths
+    from ppo_async.study.sweep import expand_grid
+
+    assert parse_assignments(["ppo.clip-eps=0.1", "--network.actor-hidden=[8, 8]", "ppo.clip_eps=0.3"]) == {
+        "ppo.clip_eps": 0.3, "network.actor_hidden": [8, 8]}
+    config = small()
+    assert pa.replace_path(config, "ppo.clip-eps", 0.1) == pa.replace_path(config, "ppo.clip_eps", 0.1)
+    assert replace_paths(config, {"ppo.num-epochs": 2}).ppo.num_epochs == 2
+    assert get_path(config, "rollout.num-envs") == config.rollout.num_envs
+    (point, swept), = expand_grid(config, {"ppo.clip-eps": [0.15]})
+    assert point == {"ppo.clip_eps": 0.15} and swept.ppo.clip_eps == 0.15
+    with pytest.raises(ConfigError, match="grid names 'ppo.clip_eps' twice"):
+        expand_grid(config, {"ppo.clip-eps": [0.1], "ppo.clip_eps": [0.2]})
+
+    hopper = pa.Config(env="gymnasium/Hopper-v5")
+    changed = hopper.replace({"ppo.clip_eps": 0.1}, seed=3)
+    assert (changed.ppo.clip_eps, changed.seed, changed.ppo.num_epochs) == (0.1, 3, 10)  # the preset's epochs kept
+    assert changed == replace_paths(hopper, {"ppo.clip_eps": 0.1, "seed": 3})
+    assert hopper.replace(**{"ppo.clip-eps": 0.1}, seed=3) == changed
+    assert "ppo.num_epochs" in changed.preset_fields and "ppo.clip_eps" not in changed.preset_fields
+    moved = changed.replace(env="Pendulum-v1")  # the new env's defaults, what the caller set kept
+    assert (moved.mode, moved.ppo.num_epochs, moved.ppo.clip_eps, moved.seed) == ("sync", PPOConfig().num_epochs, 0.1, 3)
+    with pytest.raises(ConfigError, match=r"unknown config field 'ppo.clip_ep'; did you mean 'ppo.clip_eps'"):
+        hopper.replace({"ppo.clip_ep": 0.1})
+    with pytest.raises(ConfigError, match=r"ppo.clip_eps = -1 is invalid"):
+        hopper.replace({"ppo.clip_eps": -1})

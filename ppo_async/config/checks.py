@@ -239,3 +239,13 @@ def field_paths(cls: type, prefix: str = "") -> list[str]:
         if dataclasses.is_dataclass(hint):
             paths.extend(field_paths(hint, f"{prefix}{f.name}."))
     return paths
+
+
+def canonical_path(path: Any) -> Any:
+    """A dotted field as the config spells it: `"ppo.clip-eps"` (the flag's spelling, as in
+    `--ppo.clip-eps`) and `" ppo.clip_eps "` are both `"ppo.clip_eps"`; a leading `--` is dropped.
+    Field names hold no `-`, so the two spellings never name different fields. A non-string is
+    returned as it is (its own check reports it)."""
+    if not isinstance(path, str):
+        return path
+    return path.strip().removeprefix("--").replace("-", "_")

@@ -59,6 +59,14 @@ def _with_values(section: Any, values: Mapping[str, Any]) -> Any:
     return new
 
 
+def with_fields(section: Any, values: Mapping[str, Any]) -> Any:
+    """`section` with `values` set by its caller: its caller's fields and these count as given
+    (validated by the section's constructor)."""
+    new = dataclasses.replace(section, **values)
+    object.__setattr__(new, GIVEN_ATTR, given_fields(section) | frozenset(values))
+    return new
+
+
 def defaults_to_fill(config: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:
     """The entries of `defaults` (dotted field -> value) whose field `config`'s caller did not
     set: a top-level field not given, or a section field whose section was not given or was

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
-from ppo_async.config.checks import did_you_mean, field_paths
+from ppo_async.config.checks import canonical_path, did_you_mean, field_paths
 from ppo_async.config.applicability import check_given_apply
 from ppo_async.config.run_config import DEPRECATED_CADENCES, Config, stored_config
 from ppo_async.config.sections import (
@@ -84,6 +84,7 @@ def convert_iteration_cadences(data: Mapping[str, Any]) -> dict[str, Any]:
 def get_path(config: Config, path: str) -> Any:
     """The value of a dotted field, e.g. `get_path(c, "ppo.clip_eps")`; ConfigError if unknown."""
     node: Any = config
+    path = canonical_path(path)
     for part in path.split("."):
         if not dataclasses.is_dataclass(node) or part not in {f.name for f in dataclasses.fields(node)}:
             raise _unknown_path(path)
@@ -97,6 +98,7 @@ def replace_path(config: Config, path: str, value: Any) -> Config:
 def replace_paths(config: Config, changes: Mapping[str, Any]) -> Config:
     """A copy with several dotted fields replaced at once, validated once at the end (so
     `{"ppo.rho_bar": 2.0, "ppo.advantage_estimator": "vtrace"}` works in either order)."""
+    changes = {canonical_path(path): value for path, value in changes.items()}
     data = config_to_dict(config)
     for path, value in changes.items():
         parts = path.split(".")
@@ -114,7 +116,8 @@ def replace_paths(config: Config, changes: Mapping[str, Any]) -> Config:
 
 
 def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
-    """`["ppo.gamma=0.99", "network.actor_hidden=[64, 64]", "env=Pendulum-v1"]` -> dotted field ->
+    """`["ppo.gamma=0.99", "network.actor-hidden=[64, 64]", "env=Pendulum-v1"]` -> dotted field
+    (either spelling, `canonical_path`) ->
     value, each value read as JSON when it parses (numbers, booleans, lists, null) and as the
     string otherwise. ConfigError for an item without `=` or with an empty name (the fields
     themselves are checked when the config is built)."""
@@ -123,8 +126,9 @@ def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
         key, eq, text = item.partition("=")
         if not eq or not key.strip():
             raise ConfigError(f"{item!r} is not a dotted.field=value assignment")
+        key = canonical_path(key)  # `ppo.clip-eps` (a flag's spelling) or `ppo.clip_eps`
         try:
-            out[key.strip()] = json.loads(text)
+            out[key] = json.loads(text)
         except json.JSONDecodeError:
-            out[key.strip()] = text
+            out[key] = text
     return out

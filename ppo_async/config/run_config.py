@@ -15,12 +15,12 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from ppo_async.config.applicability import check_fields_apply
-from ppo_async.config.checks import _check_int, _fail, check_field_types, every_failure, failure_of, stop_if_failed
+from ppo_async.config.checks import canonical_path, did_you_mean, field_paths, _check_int, _fail, check_field_types, every_failure, failure_of, stop_if_failed
 from ppo_async.config.choices import BATCH_SYNC_MAX_SAMPLES, ModeName
-from ppo_async.config.explicit import apply_env_defaults, as_given, given_fields, preset_fields, record_given
+from ppo_async.config.explicit import apply_env_defaults, as_given, given_fields, preset_fields, record_given, with_fields
 from ppo_async.config.preset_table import env_defaults
 from ppo_async.config.resources import budget_blame, check_sizes
 from ppo_async.config.sections import (
@@ -34,6 +34,7 @@ from ppo_async.config.sections import (
     ThreadedConfig,
 )
 from ppo_async.envs.registry import HOST_ENV_FAMILIES, check_env_name, split_env_name
+from ppo_async.errors import ConfigError
 
 
 # Top-level fields that shape no compiled program: the seed enters as an argument, the rest is
@@ -321,15 +322,31 @@ class Config:
         them (`ppo_async.config.explicit`); () when every field was given."""
         return preset_fields(self)
 
-    def replace(self, **changes: Any) -> "Config":
-        """A copy with top-level fields replaced (validated again). Replacing `env` rebuilds the
-        config from what its caller set, so the new env's preset fills the rest (not the old
-        env's values)."""
-        if "env" in changes and changes["env"] != self.env and self.preset_fields:
-            return Config(**{**as_given(self), **changes})
-        new = dataclasses.replace(self, **changes)
-        object.__setattr__(new, "_given_fields", given_fields(self) | frozenset(changes))
-        object.__setattr__(new, "_preset_fields", tuple(p for p in self.preset_fields if p.partition(".")[0] not in changes))
+    def replace(self, changes: Mapping[str, Any] | None = None, /, **fields: Any) -> "Config":
+        """A copy with fields replaced (validated again): top-level fields by keyword
+        (`replace(seed=3)`), section fields by dotted path in either spelling
+        (`replace({"ppo.clip_eps": 0.1})`, `replace(**{"ppo.clip-eps": 0.1})`), or both; a dotted
+        field keeps the rest of its section. Replacing `env` rebuilds the config from what its
+        caller set, so the new env's preset fills the rest (not the old env's values)."""
+        merged = {canonical_path(k): v for k, v in {**dict(changes or {}), **fields}.items()}
+        top = {k: v for k, v in merged.items() if "." not in str(k)}
+        dotted = {k: v for k, v in merged.items() if "." in str(k)}
+        whole = set(top)  # top-level fields and whole sections, as given
+        rebuild = "env" in top and top["env"] != self.env and bool(self.preset_fields)
+        given = as_given(self) if rebuild else {}
+        for path, value in dotted.items():  # each section once, with its caller's fields and these
+            section_name, _dot, name = path.partition(".")
+            section = top.get(section_name, given.get(section_name, getattr(self, section_name, None)))
+            if not dataclasses.is_dataclass(section) or name not in {f.name for f in dataclasses.fields(section)}:
+                raise ConfigError(f"unknown config field {path!r}{did_you_mean(path, field_paths(Config))}")
+            top[section_name] = with_fields(section, {name: value})
+        if rebuild:
+            return Config(**{**given, **top})
+        new = dataclasses.replace(self, **top)
+        set_by_caller = frozenset(DEPRECATED_CADENCES.get(k, k) for k in top)  # an alias sets its new field
+        object.__setattr__(new, "_given_fields", given_fields(self) | set_by_caller)
+        kept = (p for p in self.preset_fields if p.partition(".")[0] not in whole and p not in dotted)
+        object.__setattr__(new, "_preset_fields", tuple(kept))  # still the preset's: what was not replaced
         return new
 
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
 from ppo_async.config import check_config_type
+from ppo_async.config.checks import canonical_path
 from ppo_async.config.resources import MAX_SEEDS, check_fits_machine
 from ppo_async.core.lag import make_schedule, num_samplers_of
 from ppo_async.core.learner import (
@@ -71,8 +72,8 @@ UNSWEEPABLE = {
     "seed": "give seeds= (a count or an explicit list) to sweep() instead",
     "run_dir": "a sweep writes no run directory; save its DataFrame with save_sweep()",
     "overwrite": "a sweep writes no run directory",
-    "checkpoint_every": "a sweep writes no checkpoints",
     "checkpoint_every_steps": "a sweep writes no checkpoints",
+    "checkpoint_every": "a sweep writes no checkpoints",
     "keep_checkpoints": "a sweep writes no checkpoints",
     "wandb_project": "a sweep does not log to W&B",
 }
@@ -96,6 +97,11 @@ def expand_grid(config: Config, grid: Mapping[str, Sequence[Any]]) -> list[tuple
     """
     if not isinstance(grid, Mapping):
         raise ConfigError(f"grid must be a mapping of dotted field names to value lists, got {type(grid).__name__}")
+    spelled = {canonical_path(k): k for k in grid}  # `ppo.clip-eps` or `ppo.clip_eps`: one field
+    if len(spelled) < len(grid):
+        twice = sorted({canonical_path(k) for k in grid if list(map(canonical_path, grid)).count(canonical_path(k)) > 1})
+        raise ConfigError(f"grid names {twice[0]!r} twice (in two spellings: {[k for k in grid if canonical_path(k) == twice[0]]})")
+    grid = {canonical_path(k): v for k, v in grid.items()}
     keys = list(grid)
     if not keys:
         raise ConfigError("grid is empty: give at least one dotted field name with a non-empty list of values")
