@@ -19,9 +19,9 @@ part), the third in async mode:
   `ABLATED_PRESET` sets it under every variant); `preset-<factor>` / `preset+<factor>` removes
   one of its factors or adds one it does not have (bounded mean, wider networks, Flax's default
   LeCun init instead of orthogonal, another log-std init, no annealing, other gamma / lambda).
-- `async` is the benchmark's async mode as it is (4 samplers sharing the preset's 16 envs, 4
-  chunks per batch, decoupled PPO: lag ~1); `async+<factor>` changes one thing of it: PPO's
-  objective instead of decoupled PPO (the clip around the behaviour policy), a barrier
+- `async` is the benchmark's async mode as it was (4 samplers sharing the preset's 16 envs, 4
+  chunks per batch, decoupled PPO: lag ~1; `ABLATED_ASYNC_LAYOUT` keeps that layout);
+  `async+<factor>` changes one thing of it: PPO's objective instead of decoupled PPO (the clip around the behaviour policy), a barrier
   (`threaded.barrier`: the same samplers and chunks at lag 0), to tell lag from the rest, or
   the barrier family's best factor (initial log-std -0.5) under lag; `async+log_std_-0.5+<factor>`
   changes one thing of today's async mode (the preset with that log-std); `+learner_norm` is
@@ -104,9 +104,18 @@ old values keeps each variant one factor from the preset it was measured against
 committed runs resumable."""
 
 
+ABLATED_ASYNC_LAYOUT = {"threaded.num_samplers": 4, "threaded.chunks_per_batch": 4}
+"""Set under every `async...` variant: the benchmark's async layout as the ablation measured it (4
+samplers sharing the preset's envs, a batch of one chunk from each). The benchmark's async modes
+took one sampler of all the envs afterwards (issue 39: the same lag ~1, faster per env step);
+pinning the old layout keeps the async family comparable within itself and its runs resumable."""
+
+
 def variant_changes(variant: str) -> dict:
-    """The dotted config fields `variant` sets over today's preset: `ABLATED_PRESET`, then its own."""
-    return {**ABLATED_PRESET, **VARIANTS[variant]}
+    """The dotted config fields `variant` sets over today's preset: `ABLATED_PRESET` (and
+    `ABLATED_ASYNC_LAYOUT` for the async family), then its own."""
+    layout = ABLATED_ASYNC_LAYOUT if mode_of(variant) == "async" else {}
+    return {**ABLATED_PRESET, **layout, **VARIANTS[variant]}
 
 
 ASYNC_PREFIX = "async"

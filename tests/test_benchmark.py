@@ -217,12 +217,12 @@ def test_plan_defaults_and_run_configs():
     assert bm.resolve_plan("classic").modes == ("sync", "barrier", "async-ppo", "async")
     config = bm.run_config(plan, "gymnasium/Hopper-v5", "async", 3, "somewhere")
     preset = pa.config_for_env("gymnasium/Hopper-v5", {"mode": "threaded"})
-    assert (config.mode, config.threaded.num_samplers, config.seed) == ("threaded", 4, 3)
+    assert (config.mode, config.threaded.num_samplers, config.threaded.barrier, config.seed) == ("threaded", 1, False, 3)
     assert config.ppo == dataclasses.replace(preset.ppo, objective="decoupled")  # the rest of the preset stays
     assert (config.ppo.objective, config.ppo.num_epochs, config.ppo.num_minibatches) == ("decoupled", 10, 32)
-    # the 4 samplers share the preset's 16 envs and a batch takes a chunk of each: barrier's batch of 2,048 steps
+    # barrier's sampler of the preset's 16 envs, a batch of one chunk: barrier's batch of 2,048 steps
     barrier = bm.run_config(plan, "gymnasium/Hopper-v5", "barrier", 3, None)
-    assert (config.rollout.num_envs, config.threaded.chunks_per_batch, barrier.rollout.num_envs) == (4, 4, 16)
+    assert (config.rollout.num_envs, config.threaded.effective_chunks_per_batch, barrier.rollout.num_envs) == (16, 1, 16)
     assert config.batch_size == barrier.batch_size == 2048 and barrier.ppo == preset.ppo
     # 100k env steps in whole iterations (100,000 / 2,048 = 48.8 -> 49), recorded as such: 49 x 2,048
     assert (config.eval_every_iterations, config.eval_every_steps) == (49, 49 * 2048)
@@ -234,21 +234,22 @@ def test_plan_defaults_and_run_configs():
 
 
 def test_modes_are_data_each_its_parent_plus_what_it_changes():
-    """barrier -> async-ppo changes the lag (the same envs in as many chunks, no barrier);
-    async-ppo -> async changes the objective alone; the CLI's choices are the modes."""
+    """barrier -> async-ppo removes the barrier alone (the same sampler and batch, lag from
+    overlap); async-ppo -> async changes the objective alone; the CLI's choices are the modes."""
     from ppo_async.cli.benchmark import ModeChoice
 
     assert tuple(bm.MODES) == typing.get_args(ModeChoice) == tuple(bm.MODE_DEFS)
     assert bm.ASYNC_MODES == ("async-ppo", "async")
     assert bm.MODE_DEFS["async"].parent == "async-ppo" and dict(bm.MODE_DEFS["async"].changes) == {"ppo.objective": "decoupled"}
     assert bm.MODES["async"] == {**bm.MODES["async-ppo"], "ppo.objective": "decoupled"}
-    assert bm.MODES["async-ppo"] == {**bm.MODES["barrier"], "threaded.barrier": False, "threaded.num_samplers": 4,
-                                     "threaded.chunks_per_batch": 4}
+    assert bm.MODES["async-ppo"] == {**bm.MODES["barrier"], "threaded.barrier": False}
     plan = bm.resolve_plan("mujoco", envs=["gymnasium/Hopper-v5"])
     configs = {m: bm.run_config(plan, "gymnasium/Hopper-v5", m, 0, None) for m in plan.modes}
     assert configs["async"] == configs["async-ppo"].replace(ppo=dataclasses.replace(configs["async-ppo"].ppo, objective="decoupled"))
     assert configs["async-ppo"].ppo == configs["barrier"].ppo  # PPO's clip, as barrier
     assert {m: c.batch_size for m, c in configs.items()} == {"barrier": 2048, "async-ppo": 2048, "async": 2048}
+    assert {m: (c.threaded.num_samplers, c.rollout.num_envs, c.threaded.effective_chunks_per_batch)
+            for m, c in configs.items()} == {m: (1, 16, 1) for m in configs}  # one sampler of the preset's 16 envs
 
 
 def test_the_slow_simulator_suite_is_the_articles_regime_for_every_mode():
@@ -268,12 +269,12 @@ def test_the_slow_simulator_suite_is_the_articles_regime_for_every_mode():
 
 
 def test_async_needs_envs_its_samplers_can_share():
-    plan = bm.resolve_plan("mujoco", envs=["gymnasium/Hopper-v5"], modes=["async"],
-                           changes=parse_assignments(["rollout.num_envs=6"]))
-    with pytest.raises(ConfigError, match=r"rollout.num_envs = 6 is invalid: .* 4 samplers, so it must be a multiple of 4"):
+    plan = bm.resolve_plan("mujoco-slow", envs=["gymnasium/Hopper-v5"], modes=["async"],
+                           changes=parse_assignments(["rollout.num_envs=12"]))
+    with pytest.raises(ConfigError, match=r"rollout.num_envs = 12 is invalid: .* 8 samplers, so it must be a multiple of 8"):
         bm.run_config(plan, "gymnasium/Hopper-v5", "async", 0, None)
-    plan = plan._replace(changes=(("rollout.num_envs", 8),))
-    assert bm.run_config(plan, "gymnasium/Hopper-v5", "async", 0, None).rollout.num_envs == 2
+    plan = plan._replace(changes=(("rollout.num_envs", 24),))
+    assert bm.run_config(plan, "gymnasium/Hopper-v5", "async", 0, None).rollout.num_envs == 3
 
 
 def test_an_ablation_sets_its_fields_over_the_preset_and_the_mode():

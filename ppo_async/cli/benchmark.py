@@ -35,13 +35,13 @@ class BenchmarkCommand:
     total_env_steps: Annotated[int | None, tyro.conf.arg(metavar="N", help_behavior_hint="(default: the suite's budget)")] = None
     """Env steps per run."""
     modes: Annotated[tuple[ModeChoice, ...] | None, tyro.conf.arg(metavar="MODE", help_behavior_hint="(default: those every env can run)")] = None
-    """Modes: sync (JAX envs only), barrier (threaded, lag 0), async-ppo (threaded, 4 samplers, PPO's clip), async (async-ppo with decoupled PPO)."""
+    """Modes: sync (JAX envs only), barrier (threaded, lag 0), async-ppo (barrier without the barrier: lag 1 from overlap, PPO's clip), async (async-ppo with decoupled PPO)."""
     eval_every_steps: Annotated[int | None, tyro.conf.arg(metavar="N", help_behavior_hint="(default: the suite's, 100k for mujoco)")] = None
     """Env steps between evaluations of the deterministic policy."""
     eval_episodes: Annotated[int, tyro.conf.arg(metavar="N")] = 10
     """Episodes per evaluation."""
     set: Annotated[tuple[str, ...], tyro.conf.arg(metavar="FIELD=VALUE")] = ()
-    """Config fields set over every run's preset, as dotted.field=value (JSON values), all after one --set (an ablation)."""
+    """Config fields set over every run's preset, as dotted.field=value (JSON values; ppo.clip_eps or ppo.clip-eps, the flag's spelling), all after one --set (an ablation)."""
     runs_dir: Annotated[str | None, tyro.conf.arg(metavar="DIR", help_behavior_hint="(default: OUT/runs)")] = None
     """Where the run directories go; outside --out, the out directory holds only results, report and manifest."""
     report_only: bool = False

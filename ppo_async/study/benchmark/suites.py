@@ -78,13 +78,17 @@ MODE_DEFS: dict[str, BenchmarkMode] = {
     "sync": BenchmarkMode(None, {"mode": "sync"}, "one jitted program, strictly on-policy (JAX envs only)"),
     "barrier": BenchmarkMode(None, {"mode": "threaded", "threaded.barrier": True, "threaded.num_samplers": 1},
                              "threaded, lag 0: the learner waits for every sampler's chunk of each batch"),
-    # Four samplers share the preset's envs (each steps num_envs / 4) and a learner batch takes one
-    # chunk from each, so a batch holds barrier's env steps at a lag of ~1 version instead of ~4.
-    # The same samplers behind a barrier learn as barrier does (ablation async+lag_0, Hopper 2,811
-    # against 2,503): what this mode changes is the lag.
-    "async-ppo": BenchmarkMode("barrier", {"threaded.barrier": False, "threaded.num_samplers": 4,
-                                           "threaded.chunks_per_batch": 4},
-                               "barrier's samplers without the barrier: lag ~1, PPO's clip around the behaviour policy"),
+    # Barrier without the barrier, one field: the same sampler (all the preset's envs) steps the
+    # next chunk while the learner trains on the last, so every batch is exactly one version old
+    # (the sampler is slower than the learner) and sampling overlaps learning. (Until issue 39 it
+    # also split the envs over 4 samplers taking 4-chunk batches - the ablation's `async` layout,
+    # which learns as this does at lag ~1 (ablation async+lag_0: the 4 samplers behind a barrier
+    # learn as barrier) but steps a 4-env sampler ~8x slower per env step than one of 16 envs on
+    # 2 cores (timings.csv: 0.58 s per 512-step chunk against 0.28 s per 2,048). A suite with
+    # heterogeneous samplers sets its own (`Suite.mode_fields`, mujoco-slow).
+    "async-ppo": BenchmarkMode("barrier", {"threaded.barrier": False},
+                               "barrier's sampler without the barrier: lag 1 from overlapping sampling with learning, "
+                               "PPO's clip around the behaviour policy"),
     # Decoupled PPO (Hilton et al. 2021) clips against the learner's own recent policy, not the
     # stale behaviour one.
     "async": BenchmarkMode("async-ppo", {"ppo.objective": "decoupled"},
