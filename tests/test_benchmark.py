@@ -226,7 +226,8 @@ def test_plan_defaults_and_run_configs():
     assert config.batch_size == barrier.batch_size == 2048 and barrier.ppo == preset.ppo
     # 100k env steps in whole iterations (100,000 / 2,048 = 48.8 -> 49), recorded as such: 49 x 2,048
     assert (config.eval_every_iterations, config.eval_every_steps) == (49, 49 * 2048)
-    assert config.checkpoint_every_steps == 0 and (config.eval_every, config.checkpoint_every) == (0, 0)  # not resumable
+    # threaded runs resume too: a checkpoint at each evaluation
+    assert config.checkpoint_every_steps == config.eval_every_steps and (config.eval_every, config.checkpoint_every) == (0, 0)
     sync = bm.run_config(bm.resolve_plan("classic"), "CartPole-v1", "sync", 0, "somewhere")  # resumable: a checkpoint at each evaluation
     assert sync.checkpoint_every_steps == sync.eval_every_steps > 0 and sync.checkpoint_every_iterations == sync.eval_every_iterations
     assert bm.checkpoint_of(config.num_iterations, config.eval_every_iterations, config.num_iterations, 100_000,
@@ -371,3 +372,39 @@ def test_a_threaded_benchmark_writes_timings_and_the_report_its_roofline(tmp_pat
     assert json.loads(barrier["lag_histogram"])[0] == barrier["iterations"] * 256  # barrier: every sample at lag 0
     text = (out / "report.md").read_text()
     assert "## Where the time goes" in text and "roofline" in text and "| Pendulum-v1 | async-ppo |" in text
+
+
+def test_a_threaded_run_cut_short_resumes_from_its_last_evaluation(tmp_path, monkeypatch):
+    """Threaded runs checkpoint at each evaluation and a benchmark run again resumes one that was
+    killed from its checkpoint (not from scratch): its earlier rows and wall log are kept."""
+    from ppo_async.study.benchmark import runner
+
+    spec = dict(suite="classic", seeds=1, envs=["Pendulum-v1"], modes=["barrier"], total_env_steps=4096,
+                eval_every_steps=1024, eval_episodes=2, progress=False)
+    plan = bm.resolve_plan(**{k: v for k, v in spec.items() if k != "progress"})
+    config = bm.run_config(plan, "Pendulum-v1", "barrier", 0, "somewhere")
+    assert config.num_iterations == 4 and config.checkpoint_every_iterations == config.eval_every_iterations == 1
+
+    class KilledAtThree(bm.WallLog):
+        def __call__(self, rows):
+            if int(rows[0]["iteration"]) == 3:
+                raise Killed()
+            super().__call__(rows)
+
+    monkeypatch.setattr(runner, "WallLog", KilledAtThree)
+    with pytest.raises(Exception):
+        pa.benchmark(out=tmp_path, **spec)
+    run_dir = bm.run_dir_of(str(tmp_path), "Pendulum-v1", "barrier", 0)
+    assert not os.path.isfile(os.path.join(run_dir, bm.DONE_FILE))
+    monkeypatch.setattr(runner, "WallLog", bm.WallLog)
+    calls = []
+    df = pa.benchmark(out=tmp_path, on_run=lambda *a: calls.append(a[3]), **spec)
+    assert calls == ["resumed"]
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8")]
+    # iteration 3's row and checkpoint were written before its wall-log entry killed the run:
+    # the rows up to 3 are kept and only iteration 4 ran after the resume
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
+    assert [r.get("resumed_at_iteration") for r in rows] == [None, None, None, 3]
+    walls = bm.read_walls(run_dir)
+    assert sorted(walls) == [1, 2, 4] and walls[4] > walls[2]  # 3's entry died with the run; 4's counts on from 2's
+    assert sorted(df["checkpoint"]) == [1024, 2048, 3072, 4096] and df["eval_return"].notna().all()

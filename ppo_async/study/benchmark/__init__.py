@@ -20,10 +20,10 @@ runs/<env with / as _>/<mode>/seed<k>/, each a normal run directory plus benchma
 
 Resume: run again with the same arguments, a killed benchmark skips every finished run (its done
 marker, or its final row in results.csv; rows lost from results.csv are rebuilt from the run
-directory, not re-run), finishes a run that had trained to its end, resumes an unfinished run
-of a resumable mode (sync) from its latest checkpoint (checkpoints are written at every
-evaluation) and restarts the others cleanly (threaded runs cannot resume: their lag depends on
-timing).
+directory, not re-run), finishes a run that had trained to its end and resumes an unfinished
+run from its latest checkpoint (checkpoints are written at every evaluation; a threaded run
+restores its learner and statistics and starts fresh samplers, so its lag history after the
+checkpoint is new - its rows say `resumed_at_iteration`).
 
 Report: per env, mode and checkpoint the mean deterministic return over seeds, its 95%
 percentile-bootstrap CI and the worst seed; learning curves with the reference figures

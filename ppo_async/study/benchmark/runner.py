@@ -57,7 +57,7 @@ def train_run(config: Config, progress: bool) -> str:
     "fresh"."""
     run_dir = config.run_dir
     holds_run = os.path.isfile(os.path.join(run_dir, rundir.CONFIG_FILE))
-    resume = holds_run and get_mode(config.mode).resumable and has_checkpoint(run_dir, config.keep_checkpoints)
+    resume = holds_run and get_mode(config.mode).can_resume and has_checkpoint(run_dir, config.keep_checkpoints)
     if not resume and os.path.exists(os.path.join(run_dir, WALL_FILE)):
         os.remove(os.path.join(run_dir, WALL_FILE))
     log = WallLog(run_dir, time.perf_counter())

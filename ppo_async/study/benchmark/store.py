@@ -56,6 +56,11 @@ def _grows(first: Mapping[str, Any], spec: Mapping[str, Any], name: str) -> bool
     return False
 
 
+NOT_IN_RESULTS = ("checkpoint_every_steps", "keep_checkpoints")
+"""Config fields no result row depends on (how often a run saves, how many saves it keeps): a
+benchmark recorded with other values takes today's (e.g. threaded runs that resume since)."""
+
+
 def _refusal(out: str, first: dict, spec: dict) -> str | None:
     """Why OUT's recorded benchmark (`first`) cannot take today's `spec`: other arguments (more
     seeds, envs or modes excepted) or other configs of its runs; None when it can."""
@@ -74,6 +79,7 @@ def _refusal(out: str, first: dict, spec: dict) -> str | None:
     default = config_to_dict(Config())
     fields = store.changed_paths(recorded, {k: store.as_today(v) for k, v in spec.get("configs", {}).items() if k in recorded},
                                  defaults={k: default for k in recorded})
+    fields = [f for f in fields if f.rpartition(".")[2] not in NOT_IN_RESULTS]
     if fields:
         return (f"out = {out!r} holds a benchmark whose configs differ from today's (presets changed?): "
                 f"{', '.join(fields[:5])}; use another out")

@@ -214,7 +214,7 @@ def run_config(plan: Plan, env: str, mode: str, seed: int, run_dir: str | None) 
     if config.mode == "threaded":
         config = share_envs(config)
     every = cadence_iterations(plan.eval_every_steps, config.batch_size) * config.batch_size
-    checkpoint_every = every if run_dir is not None and get_mode(config.mode).resumable else 0
+    checkpoint_every = every if run_dir is not None and get_mode(config.mode).can_resume else 0
     return config.replace(eval_every_steps=every, eval_episodes=plan.eval_episodes, checkpoint_every_steps=checkpoint_every)
 
 
