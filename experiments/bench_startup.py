@@ -154,7 +154,8 @@ def peer_code(peer_dir: str, total_env_steps: int, smoke: bool) -> str:
     config = {**PEER_CONFIG, "TOTAL_TIMESTEPS": total_env_steps}
     if smoke:
         config.update({"NUM_ENVS": 4, "NUM_STEPS": 16, "UPDATE_EPOCHS": 1, "NUM_MINIBATCHES": 2})
-    return (f"import sys\nsys.path.insert(0, {peer_dir!r})\nimport jax\nfrom purejaxrl import ppo\n"
+    inner = os.path.join(peer_dir, "purejaxrl")  # ppo.py imports its wrappers as `from wrappers import ...`
+    return (f"import sys\nsys.path[:0] = [{peer_dir!r}, {inner!r}]\nimport jax\nfrom purejaxrl import ppo\n"
             f"out = ppo.make_train({config!r})\n"
             "jax.block_until_ready(jax.jit(out)(jax.random.PRNGKey(30)))\n")
 
