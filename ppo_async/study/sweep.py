@@ -97,10 +97,12 @@ def expand_grid(config: Config, grid: Mapping[str, Sequence[Any]]) -> list[tuple
     """
     if not isinstance(grid, Mapping):
         raise ConfigError(f"grid must be a mapping of dotted field names to value lists, got {type(grid).__name__}")
-    spelled = {canonical_path(k): k for k in grid}  # `ppo.clip-eps` or `ppo.clip_eps`: one field
-    if len(spelled) < len(grid):
-        twice = sorted({canonical_path(k) for k in grid if list(map(canonical_path, grid)).count(canonical_path(k)) > 1})
-        raise ConfigError(f"grid names {twice[0]!r} twice (in two spellings: {[k for k in grid if canonical_path(k) == twice[0]]})")
+    spellings: dict[str, list[str]] = {}  # `ppo.clip-eps` or `ppo.clip_eps`: one field
+    for key in grid:
+        spellings.setdefault(canonical_path(key), []).append(key)
+    for path, keys in spellings.items():
+        if len(keys) > 1:
+            raise ConfigError(f"grid names {path!r} twice (in two spellings: {keys})")
     grid = {canonical_path(k): v for k, v in grid.items()}
     keys = list(grid)
     if not keys:
