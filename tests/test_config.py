@@ -471,6 +471,8 @@ def test_one_override_syntax_everywhere_in_either_spelling():
     assert hopper.replace(**{"ppo.clip-eps": 0.1}, seed=3) == changed
     assert "ppo.num_epochs" in changed.preset_fields and "ppo.clip_eps" not in changed.preset_fields
     moved = changed.replace(env="Pendulum-v1")  # the new env's defaults, what the caller set kept
+    at_once = hopper.replace({"ppo.clip_eps": 0.1}, env="Pendulum-v1", seed=3)  # one call: the same config
+    assert at_once == moved and at_once.ppo.gamma == PPOConfig().gamma
     assert (moved.mode, moved.ppo.num_epochs, moved.ppo.clip_eps, moved.seed) == ("sync", PPOConfig().num_epochs, 0.1, 3)
     with pytest.raises(ConfigError, match=r"unknown config field 'ppo.clip_ep'; did you mean 'ppo.clip_eps'"):
         hopper.replace({"ppo.clip_ep": 0.1})

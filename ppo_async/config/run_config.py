@@ -337,6 +337,8 @@ class Config:
         for path, value in dotted.items():  # each section once, with its caller's fields and these
             section_name, _dot, name = path.partition(".")
             section = top.get(section_name, given.get(section_name, getattr(self, section_name, None)))
+            if rebuild and section_name not in top and section_name not in given and dataclasses.is_dataclass(section):
+                section = type(section)()  # not set by the caller: the new env's defaults, not the old env's preset
             if not dataclasses.is_dataclass(section) or name not in {f.name for f in dataclasses.fields(section)}:
                 raise ConfigError(f"unknown config field {path!r}{did_you_mean(path, field_paths(Config))}")
             top[section_name] = with_fields(section, {name: value})
