@@ -118,6 +118,28 @@ def test_the_way_to_a_first_result_imports_no_orbax_or_pandas():
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_a_gymnax_env_is_made_without_the_plotting_stack_its_renderers_import():
+    """gymnax 1.0.1's env modules import seaborn (with scipy.stats and pandas) and pyplot at
+    module level, for rendering only (~1,000 modules): making a gymnax env and checking its
+    name import none of them, a later `import seaborn` / `import matplotlib.pyplot` gets the
+    real module, and a gymnax renderer still reaches it (envs/gymnax_import.py)."""
+    code = (
+        "import sys\n"
+        "from ppo_async.config import Config\n"
+        "from ppo_async.envs import make_env\n"
+        "Config(env='CartPole-v1'); make_env('MountainCar-v0')\n"
+        "print(sorted(m for m in ('seaborn', 'matplotlib.pyplot', 'pandas', 'scipy.stats') if m in sys.modules))\n"
+        "from gymnax.environments.misc import pong\n"
+        "import seaborn, matplotlib.pyplot as plt\n"
+        "from ppo_async.envs.gymnax_import import DeferredModule\n"
+        "print(isinstance(seaborn, DeferredModule), isinstance(plt, DeferredModule),\n"
+        "      pong.sns.color_palette is seaborn.color_palette, pong.plt.figure is plt.figure)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-2:] == ["[]", "False False True True"]
+
+
 def test_bench_startup_runs_at_toy_sizes(tmp_path):
     """The script's whole plumbing (fresh processes, startup.json, the report and the manifest)
     at toy sizes; the peer is absent here, which the report says."""

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ppo_async.envs.physics as physics
+from ppo_async.envs.gymnax_import import import_gymnax
 from ppo_async.envs.mujoco_notices import filter_mujoco_notices
 from ppo_async.envs.registry import HOST_ENV_FAMILIES, check_env_name, split_env_name
 from ppo_async.errors import ConfigError
@@ -108,7 +109,7 @@ def make_env(name: str, options: PhysicsOptions | None = None) -> Env:
 
         spec, obs_shape, space = envpool_spaces(name, task)
         return _env_of_space(name, spec, spec, obs_shape, space, spaces.Discrete, spaces.Box)
-    import gymnax
+    gymnax = import_gymnax()
     from gymnax.environments import spaces
 
     env, params = gymnax.make(name)

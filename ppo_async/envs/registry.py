@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ppo_async.envs.gymnax_import import import_gymnax
 from ppo_async.errors import ConfigError
 
 
@@ -69,8 +70,7 @@ def known_env_names(family: str = "gymnax") -> tuple[str, ...]:
     """Names a family registers, read from the family's own registry (imported lazily;
     optional families must be installed)."""
     if family == "gymnax":
-        import gymnax
-
+        gymnax = import_gymnax()
         return tuple(gymnax.registered_envs)  # public: listed in gymnax.__all__
     require_env_family(family)
     if family == "brax":
