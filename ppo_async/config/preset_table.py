@@ -49,7 +49,8 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
         "rollout.reward_scale": 1.0,
         # The batch's moments merged before the SGD steps (Sample Factory's order): async Hopper
         # at 1M, 5 seeds, train 2,611 (worst 2,432) against 2,321 (worst 950) merged after SGD
-        # (experiments/pending/ablation, issue 39).
+        # (experiments/results/ablation, its +learner_norm+stats_before_sgd row; the after-SGD
+        # figure from experiments/pending/benchmark's async Hopper runs; issue 39).
         "rollout.stats_update": "before_sgd",
     },
 }
