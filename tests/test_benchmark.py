@@ -196,6 +196,19 @@ def test_reach_ratio_by_hand():
     assert np.isnan(bm.reach_ratio(barrier, asynchronous.assign(mean=5.0)))
 
 
+def test_returns_at_equal_wall_clock_by_hand():
+    """Async finishes at 60 s: barrier's return then is its 50 s checkpoint's (10), async's its last (30);
+    a barrier that finishes first (at 100 s against async's 120 s) is met by async's 90 s checkpoint."""
+    barrier = pd.DataFrame({"mean": [10.0, 20.0], "wall_s": [50.0, 100.0]})
+    asynchronous = pd.DataFrame({"mean": [15.0, 25.0, 30.0], "wall_s": [20.0, 40.0, 60.0]})
+    assert bm.returns_at_equal_wall(barrier, asynchronous) == (60.0, 10.0, 30.0)
+    slower = asynchronous.assign(wall_s=[30.0, 90.0, 120.0])
+    assert bm.returns_at_equal_wall(barrier, slower) == (100.0, 20.0, 25.0)
+    late = asynchronous.assign(wall_s=[70.0, 80.0, 90.0])  # barrier's first checkpoint after async's end
+    wall, barrier_then, async_then = bm.returns_at_equal_wall(barrier.assign(wall_s=[95.0, 100.0]), late)
+    assert (wall, async_then) == (90.0, 30.0) and np.isnan(barrier_then)
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(suite="atari"), "suite = 'atari' is not a benchmark suite (mujoco, mujoco-slow, dmc, classic)"),
     (dict(suite="mujoco", modes=["sync"]), "mode 'sync' cannot run env 'gymnasium/HalfCheetah-v5'"),

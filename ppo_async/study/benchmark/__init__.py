@@ -49,7 +49,7 @@ from ppo_async.study.benchmark.runner import (
     benchmark, finish_run, has_checkpoint, require_rliable, train_run, trained_to_end)
 from ppo_async.study.benchmark.scores import (
     BOOTSTRAP_REPS, REFERENCES_PATH, aggregate, checkpoint_table, load_references, normalise, normalising_references,
-    reach_ratio, score_matrices)
+    reach_ratio, returns_at_equal_wall, score_matrices)
 from ppo_async.study.benchmark.store import (  # _key: a results row's (env, mode, seed), which the tests read
     COLUMNS, DONE_FILE, RESULTS_FILE, SPEC_FILE, TRAIN_TAIL, WALL_FILE, WallLog, _key, check_spec, checkpoint_of,
     episode_weighted, finished_keys, read_results, read_walls, results_frame, results_rows, rows_of_run, run_dir_of,
@@ -68,6 +68,6 @@ __all__ = [
     "final_section", "finish_run", "finished_keys", "has_checkpoint", "load_references", "mode_fields",
     "modes_for_env", "normalise", "normalising_references", "plan_spec", "plot_aggregate", "plot_learning_curves",
     "plot_wall_clock", "reach_ratio", "read_results", "read_walls", "report", "require_rliable", "resolve_plan",
-    "results_frame", "results_rows", "rows_of_run", "run_config", "run_dir_of", "score_matrices", "share_envs",
+    "results_frame", "results_rows", "returns_at_equal_wall", "rows_of_run", "run_config", "run_dir_of", "score_matrices", "share_envs",
     "train_run", "trained_to_end", "write_results",
 ]

@@ -51,6 +51,21 @@ def reach_ratio(barrier: pd.DataFrame, asynchronous: pd.DataFrame) -> float:
     return float(reached.iloc[0]["wall_s"] / wall) if len(reached) and wall > 0 else math.nan
 
 
+def returns_at_equal_wall(barrier: pd.DataFrame, asynchronous: pd.DataFrame) -> tuple[float, float, float]:
+    """`(T, barrier's return, async's return)` at equal wall-clock: T is the earlier of the two
+    modes' final mean wall_s, and each mode's return is the mean return of its last checkpoint
+    reached by T (mean wall_s <= T: what the run had shown by then; NaN if none). Both parts are
+    `checkpoint_table` rows of one env, sorted by checkpoint. The mode that finishes first is
+    compared at its end against where the other stood at that moment."""
+    wall = min(float(barrier.iloc[-1]["wall_s"]), float(asynchronous.iloc[-1]["wall_s"]))
+
+    def at(part: pd.DataFrame) -> float:
+        reached = part[part["wall_s"] <= wall]
+        return float(reached.iloc[-1]["mean"]) if len(reached) else math.nan
+
+    return wall, at(barrier), at(asynchronous)
+
+
 def load_references(path: str = REFERENCES_PATH) -> list[dict[str, Any]]:
     """The reference figures (references.json): dicts with env, value, std, source, implementation,
     version, env_id, env_version, env_steps, seeds, url, std_of, verified, normalise."""
