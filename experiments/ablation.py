@@ -9,7 +9,7 @@ Every variant is a `pa.benchmark` run (suite mujoco; the deterministic policy ev
 100k env steps over 10 episodes) of the env's preset with the variant's fields set over it, into
 OUT/<variant>/ (results.csv, report.md, manifest.json; resumable: finished runs are not run
 again). Three families of variants, the first two in barrier mode (one sampler, so lag plays no
-part), the third in async mode:
+part), the third in async-decoupled mode (the benchmark's `async` before 2026-12-05):
 
 - `old` is the gymnasium preset before issue 26 (4 epochs x 8 minibatches of a 16 x 64 batch,
   rewards scaled by 0.1, no value clipping); `old+<factor>` adds one factor of today's preset
@@ -114,18 +114,20 @@ pinning the old layout keeps the async family comparable within itself and its r
 def variant_changes(variant: str) -> dict:
     """The dotted config fields `variant` sets over today's preset: `ABLATED_PRESET` (and
     `ABLATED_ASYNC_LAYOUT` for the async family), then its own."""
-    layout = ABLATED_ASYNC_LAYOUT if mode_of(variant) == "async" else {}
+    layout = ABLATED_ASYNC_LAYOUT if mode_of(variant) == ASYNC_FAMILY_MODE else {}
     return {**ABLATED_PRESET, **layout, **VARIANTS[variant]}
 
 
 ASYNC_PREFIX = "async"
-"""Variants named `async...` run in the benchmark's async mode (4 samplers sharing the preset's
-envs, decoupled PPO); the others in barrier mode."""
+"""Variants named `async...` run in the benchmark's async-decoupled mode (with
+`ABLATED_ASYNC_LAYOUT`: 4 samplers sharing the preset's envs, decoupled PPO; the benchmark's
+`async` mode before 2026-12-05, when its labels changed); the others in barrier mode."""
+ASYNC_FAMILY_MODE = "async-decoupled"
 
 
 def mode_of(variant: str) -> str:
-    """The benchmark mode of `variant`: "async" for the `async...` family, else "barrier"."""
-    return "async" if variant.split("+")[0].split("-")[0] == ASYNC_PREFIX else "barrier"
+    """The benchmark mode of `variant`: "async-decoupled" for the `async...` family, else "barrier"."""
+    return ASYNC_FAMILY_MODE if variant.split("+")[0].split("-")[0] == ASYNC_PREFIX else "barrier"
 
 
 @dataclasses.dataclass

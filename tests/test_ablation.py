@@ -32,7 +32,7 @@ def config_of(variant: str):
 
 
 def test_async_variants_change_one_thing_of_the_async_mode():
-    assert [v for v in ablation.VARIANTS if ablation.mode_of(v) == "async"] == ["async", "async+ppo_objective",
+    assert [v for v in ablation.VARIANTS if ablation.mode_of(v) == "async-decoupled"] == ["async", "async+ppo_objective",
                                                                                "async+lag_0", "async+log_std_-0.5",
                                                                                "async+log_std_-0.5+vtrace",
                                                                                "async+log_std_-0.5+lr_1.5e-4",

@@ -212,7 +212,7 @@ def test_returns_at_equal_wall_clock_by_hand():
 @pytest.mark.parametrize("kwargs,message", [
     (dict(suite="atari"), "suite = 'atari' is not a benchmark suite (mujoco, mujoco-slow, dmc, classic)"),
     (dict(suite="mujoco", modes=["sync"]), "mode 'sync' cannot run env 'gymnasium/HalfCheetah-v5'"),
-    (dict(suite="classic", modes=["fast"]), "modes: 'fast' is not a benchmark mode (sync, barrier, async-ppo, async)"),
+    (dict(suite="classic", modes=["fast"]), "modes: 'fast' is not a benchmark mode (sync, barrier, async, async-decoupled)"),
     (dict(suite="classic", envs=["Pong"]), "envs: 'Pong' is not in suite 'classic'"),
     (dict(suite="classic", seeds=0), "seeds = 0 is invalid: must be an integer >= 1"),
     (dict(suite="classic", changes={"seed": 3}), "seed is set by the benchmark itself"),
@@ -226,9 +226,9 @@ def test_bad_arguments_are_one_line_errors(kwargs, message):
 
 def test_plan_defaults_and_run_configs():
     plan = bm.resolve_plan("mujoco")
-    assert plan.modes == ("barrier", "async-ppo", "async") and plan.total_env_steps == 1_000_000 and plan.eval_every_steps == 100_000
-    assert bm.resolve_plan("classic").modes == ("sync", "barrier", "async-ppo", "async")
-    config = bm.run_config(plan, "gymnasium/Hopper-v5", "async", 3, "somewhere")
+    assert plan.modes == ("barrier", "async", "async-decoupled") and plan.total_env_steps == 1_000_000 and plan.eval_every_steps == 100_000
+    assert bm.resolve_plan("classic").modes == ("sync", "barrier", "async", "async-decoupled")
+    config = bm.run_config(plan, "gymnasium/Hopper-v5", "async-decoupled", 3, "somewhere")
     preset = pa.config_for_env("gymnasium/Hopper-v5", {"mode": "threaded"})
     assert (config.mode, config.threaded.num_samplers, config.threaded.barrier, config.seed) == ("threaded", 1, False, 3)
     assert config.ppo == dataclasses.replace(preset.ppo, objective="decoupled")  # the rest of the preset stays
@@ -248,20 +248,22 @@ def test_plan_defaults_and_run_configs():
 
 
 def test_modes_are_data_each_its_parent_plus_what_it_changes():
-    """barrier -> async-ppo removes the barrier alone (the same sampler and batch, lag from
-    overlap); async-ppo -> async changes the objective alone; the CLI's choices are the modes."""
+    """barrier -> async removes the barrier alone (the same sampler and batch, lag from
+    overlap); async -> async-decoupled changes the objective alone; the CLI's choices are the
+    modes; the default async mode is one of them."""
     from ppo_async.cli.benchmark import ModeChoice
 
     assert tuple(bm.MODES) == typing.get_args(ModeChoice) == tuple(bm.MODE_DEFS)
-    assert bm.ASYNC_MODES == ("async-ppo", "async")
-    assert bm.MODE_DEFS["async"].parent == "async-ppo" and dict(bm.MODE_DEFS["async"].changes) == {"ppo.objective": "decoupled"}
-    assert bm.MODES["async"] == {**bm.MODES["async-ppo"], "ppo.objective": "decoupled"}
-    assert bm.MODES["async-ppo"] == {**bm.MODES["barrier"], "threaded.barrier": False}
+    assert bm.ASYNC_MODES == ("async", "async-decoupled") and bm.DEFAULT_ASYNC_MODE == "async"
+    assert bm.MODE_DEFS["async-decoupled"].parent == "async"
+    assert dict(bm.MODE_DEFS["async-decoupled"].changes) == {"ppo.objective": "decoupled"}
+    assert bm.MODES["async-decoupled"] == {**bm.MODES["async"], "ppo.objective": "decoupled"}
+    assert bm.MODES["async"] == {**bm.MODES["barrier"], "threaded.barrier": False}
     plan = bm.resolve_plan("mujoco", envs=["gymnasium/Hopper-v5"])
     configs = {m: bm.run_config(plan, "gymnasium/Hopper-v5", m, 0, None) for m in plan.modes}
-    assert configs["async"] == configs["async-ppo"].replace(ppo=dataclasses.replace(configs["async-ppo"].ppo, objective="decoupled"))
-    assert configs["async-ppo"].ppo == configs["barrier"].ppo  # PPO's clip, as barrier
-    assert {m: c.batch_size for m, c in configs.items()} == {"barrier": 2048, "async-ppo": 2048, "async": 2048}
+    assert configs["async-decoupled"] == configs["async"].replace(ppo=dataclasses.replace(configs["async"].ppo, objective="decoupled"))
+    assert configs["async"].ppo == configs["barrier"].ppo  # PPO's clip, as barrier
+    assert {m: c.batch_size for m, c in configs.items()} == {"barrier": 2048, "async": 2048, "async-decoupled": 2048}
     assert {m: (c.threaded.num_samplers, c.rollout.num_envs, c.threaded.effective_chunks_per_batch)
             for m, c in configs.items()} == {m: (1, 16, 1) for m in configs}  # one sampler of the preset's 16 envs
 
@@ -270,16 +272,16 @@ def test_the_slow_simulator_suite_is_the_articles_regime_for_every_mode():
     """mujoco-slow: 8 samplers sharing the preset's 16 envs, each env step +5 ms, the last 4x
     slower; barrier waits for all 8 chunks, the async modes take a batch of 8 chunks."""
     plan = bm.resolve_plan("mujoco-slow", envs=["gymnasium/Walker2d-v5"], seeds=1)
-    assert plan.modes == ("barrier", "async-ppo", "async") and plan.total_env_steps == 1_000_000
+    assert plan.modes == ("barrier", "async", "async-decoupled") and plan.total_env_steps == 1_000_000
     configs = {m: bm.run_config(plan, "gymnasium/Walker2d-v5", m, 0, None) for m in plan.modes}
     for mode, config in configs.items():
         t = config.threaded
         assert (t.num_samplers, config.rollout.num_envs, config.batch_size) == (8, 2, 2048), mode
         assert t.sampler_step_latency_ms == (5.0,) * 7 + (20.0,), mode
         assert t.barrier == (mode == "barrier")
-    assert configs["async"].threaded.chunks_per_batch == configs["async-ppo"].threaded.chunks_per_batch == 8
+    assert configs["async"].threaded.chunks_per_batch == configs["async-decoupled"].threaded.chunks_per_batch == 8
     same = {m: c.replace(threaded=configs["barrier"].threaded, ppo=configs["barrier"].ppo) for m, c in configs.items()}
-    assert same["async"] == same["async-ppo"] == same["barrier"]  # nothing else differs
+    assert same["async"] == same["async-decoupled"] == same["barrier"]  # nothing else differs
 
 
 def test_async_needs_envs_its_samplers_can_share():
@@ -370,21 +372,21 @@ def test_timing_row_and_roofline_by_hand():
 
 
 def test_a_threaded_benchmark_writes_timings_and_the_report_its_roofline(tmp_path):
-    """A tiny classic benchmark in barrier and async-ppo: timings.csv holds a row per run and
+    """A tiny classic benchmark in barrier and async: timings.csv holds a row per run and
     the report where the time goes, the roofline and the lag histogram."""
     from ppo_async.study.benchmark import timings
 
     out = tmp_path / "bench"
-    pa.benchmark(suite="classic", seeds=1, envs=["Pendulum-v1"], modes=["barrier", "async-ppo"], total_env_steps=4096,
+    pa.benchmark(suite="classic", seeds=1, envs=["Pendulum-v1"], modes=["barrier", "async"], total_env_steps=4096,
                  eval_every_steps=2048, eval_episodes=1, out=out, progress=False,
                  changes={"rollout.num_envs": 4, "rollout.num_steps": 64, "ppo.num_minibatches": 2})
     df = timings.read_timings(str(out))
-    assert sorted(df["mode"]) == ["async-ppo", "barrier"] and (df["iterations"] > 0).all()
+    assert sorted(df["mode"]) == ["async", "barrier"] and (df["iterations"] > 0).all()
     assert (df["sample_s"] > 0).all() and (df["learn_s"] > 0).all()
     barrier = df[df["mode"] == "barrier"].iloc[0]
     assert json.loads(barrier["lag_histogram"])[0] == barrier["iterations"] * 256  # barrier: every sample at lag 0
     text = (out / "report.md").read_text()
-    assert "## Where the time goes" in text and "roofline" in text and "| Pendulum-v1 | async-ppo |" in text
+    assert "## Where the time goes" in text and "roofline" in text and "| Pendulum-v1 | async |" in text
 
 
 def test_a_threaded_run_cut_short_resumes_from_its_last_evaluation(tmp_path, monkeypatch):

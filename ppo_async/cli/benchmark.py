@@ -13,7 +13,7 @@ from ppo_async.cli.paths import check_csv, check_output_dir
 from ppo_async.config import parse_assignments
 from ppo_async.errors import ConfigError
 
-ModeChoice = Literal["sync", "barrier", "async-ppo", "async"]  # study.benchmark.MODES (a test keeps them equal)
+ModeChoice = Literal["sync", "barrier", "async", "async-decoupled"]  # study.benchmark.MODES (a test keeps them equal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ class BenchmarkCommand:
     total_env_steps: Annotated[int | None, tyro.conf.arg(metavar="N", help_behavior_hint="(default: the suite's budget)")] = None
     """Env steps per run."""
     modes: Annotated[tuple[ModeChoice, ...] | None, tyro.conf.arg(metavar="MODE", help_behavior_hint="(default: those every env can run)")] = None
-    """Modes: sync (JAX envs only), barrier (threaded, lag 0), async-ppo (barrier without the barrier: lag 1 from overlap, PPO's clip), async (async-ppo with decoupled PPO)."""
+    """Modes: sync (JAX envs only), barrier (threaded, lag 0), async (barrier without the barrier: lag 1 from overlap, PPO's clip; the default async mode), async-decoupled (async with decoupled PPO)."""
     eval_every_steps: Annotated[int | None, tyro.conf.arg(metavar="N", help_behavior_hint="(default: the suite's, 100k for mujoco)")] = None
     """Env steps between evaluations of the deterministic policy."""
     eval_episodes: Annotated[int, tyro.conf.arg(metavar="N")] = 10
@@ -46,6 +46,8 @@ class BenchmarkCommand:
     """Where the run directories go; outside --out, the out directory holds only results, report and manifest."""
     report_only: bool = False
     """Only write report.md and the plots again from DIR/results.csv."""
+    relabel_modes: bool = False
+    """Only bring a benchmark recorded before 2026-12-05 to today's mode labels (async-ppo -> async, async -> async-decoupled) in DIR's files and its run directories (--runs-dir), then write its report again."""
     quiet: bool = False
     """No per-run lines or progress bars."""
 
@@ -53,6 +55,8 @@ class BenchmarkCommand:
         from ppo_async.study.benchmark import benchmark, report  # here: `--help` and parse errors need no JAX
 
         self.check_paths()
+        if self.relabel_modes:
+            return self.relabel()
         if self.report_only:
             path = report(self.out)
             print(f"wrote {path}", flush=True)
@@ -63,11 +67,29 @@ class BenchmarkCommand:
         print(f"benchmark done: {os.path.join(self.out, 'report.md')}", flush=True)
         return 0
 
+    def relabel(self) -> int:
+        """`--relabel-modes`: `relabel.relabel_modes` on --out (and --runs-dir), then the report."""
+        from ppo_async.study.benchmark import report
+        from ppo_async.study.benchmark.relabel import relabel_modes
+
+        try:
+            changed = relabel_modes(self.out, self.runs_dir)
+        except (FileNotFoundError, FileExistsError) as exc:
+            raise ConfigError(f"--relabel-modes: {exc}") from None
+        if not changed["spec"]:
+            print(f"{self.out}: already in today's mode labels; nothing to do", flush=True)
+            return 0
+        print(f"{self.out}: relabelled {changed['results.csv']} results rows, {changed['timings.csv']} timings rows, "
+              f"{changed['run_dirs']} run directories", flush=True)
+        if os.path.isfile(os.path.join(self.out, "results.csv")) and os.path.getsize(os.path.join(self.out, "results.csv")):
+            print(f"wrote {report(self.out)}", flush=True)
+        return 0
+
     def check_paths(self) -> None:
         """ConfigError for an --out or --runs-dir that is a file or cannot be written, and
         DataFileError (file and line) for a corrupt OUT/results.csv, before anything runs."""
         results = os.path.join(self.out, "results.csv")
-        if self.report_only:
+        if self.report_only or self.relabel_modes:
             if os.path.exists(self.out) and not os.path.isdir(self.out):
                 raise ConfigError(f"--out = {self.out!r} is invalid: it is a file, not a directory")
         else:

@@ -55,12 +55,12 @@ from ppo_async.study.benchmark.store import (  # _key: a results row's (env, mod
     episode_weighted, finished_keys, read_results, read_walls, results_frame, results_rows, rows_of_run, run_dir_of,
     write_results)
 from ppo_async.study.benchmark.suites import (
-    ASYNC_MODES, JAX_ONLY_MODES, MODE_DEFS, MODES, MUJOCO_ENVS, SLOW_SAMPLERS, SLOW_SIMULATORS, SLOW_STEP_MS,
+    ASYNC_MODES, DEFAULT_ASYNC_MODE, DEFAULT_ASYNC_MODE_WHY, JAX_ONLY_MODES, MODE_DEFS, MODES, MUJOCO_ENVS, SLOW_SAMPLERS, SLOW_SIMULATORS, SLOW_STEP_MS,
     SLOW_STRAGGLER, SUITES, BenchmarkMode, Plan, Suite, mode_fields, modes_for_env, plan_spec,
     resolve_plan, run_config, share_envs)
 
 __all__ = [
-    "ASYNC_MODES", "BOOTSTRAP_REPS", "COLUMNS", "DONE_FILE", "JAX_ONLY_MODES", "MODE_DEFS", "MODES", "MUJOCO_ENVS",
+    "ASYNC_MODES", "BOOTSTRAP_REPS", "COLUMNS", "DEFAULT_ASYNC_MODE", "DEFAULT_ASYNC_MODE_WHY", "DONE_FILE", "JAX_ONLY_MODES", "MODE_DEFS", "MODES", "MUJOCO_ENVS",
     "REFERENCES_PATH", "REPORT_FILE", "RESULTS_FILE", "SLOW_SAMPLERS", "SLOW_SIMULATORS", "SLOW_STEP_MS",
     "SLOW_STRAGGLER", "SPEC_FILE", "SUITES", "TRAIN_TAIL", "WALL_FILE", "BenchmarkMode", "Plan", "Suite", "WallLog",
     "aggregate", "aggregate_section", "barrier_async_section", "benchmark", "bootstrap_mean_ci", "check_spec",

@@ -18,7 +18,8 @@ from ppo_async.study.benchmark.scores import (BOOTSTRAP_REPS, CI_SEED, REFERENCE
                                               load_references, normalising_references, reach_ratio,
                                               returns_at_equal_wall)
 from ppo_async.study.benchmark.store import RESULTS_FILE, as_number, results_frame
-from ppo_async.study.benchmark.suites import ASYNC_MODES, MODE_DEFS, MODES
+from ppo_async.study.benchmark.suites import (ASYNC_MODES, DEFAULT_ASYNC_MODE, DEFAULT_ASYNC_MODE_WHY, MODE_DEFS,
+                                              MODES)
 from ppo_async.study.benchmark.timings import TIMINGS_FILE, lag_fractions, read_timings, speedups
 
 REPORT_FILE = "report.md"
@@ -131,6 +132,11 @@ def aggregate_section(agg: Mapping[str, Any], references: Mapping[str, float]) -
     lines += _markdown(["mode", "IQM", "95% CI"], rows) + [""]
     for mode, (p, low, high) in agg.get("improvements", {}).items():
         lines += [f"P({mode} > barrier) = {p:.3f} [{low:.3f}, {high:.3f}]", ""]
+    for mode, (parent, (p, low, high)) in agg.get("corrections", {}).items():
+        lines += [f"P({mode} > {parent}) = {p:.3f} [{low:.3f}, {high:.3f}] (what `{mode}`'s change over `{parent}` "
+                  "buys)", ""]
+    if DEFAULT_ASYNC_MODE in agg["iqm"]:
+        lines += [f"The default async mode is `{DEFAULT_ASYNC_MODE}`: {DEFAULT_ASYNC_MODE_WHY}.", ""]
     return lines
 
 

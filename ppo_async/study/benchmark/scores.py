@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ppo_async.report import stats
-from ppo_async.study.benchmark.suites import ASYNC_MODES, MODES
+from ppo_async.study.benchmark.suites import ASYNC_MODES, MODE_DEFS, MODES
 
 REFERENCES_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "references.json")
 """The published reference figures (ppo_async/study/references.json)."""
@@ -119,11 +119,13 @@ def aggregate(final: pd.DataFrame, references: Mapping[str, float], reps: int = 
     probability that its seed beats a barrier seed, averaged over envs) with its CI; every CI by
     the stratified bootstrap (`estimate`). Returns {"tasks", "runs", "iqm": {mode: (value, low,
     high)}, "improvement": (value, low, high) of `async` or None, "improvements": {mode: (value,
-    low, high)}, "ci_method"}."""
+    low, high)}, "corrections": {mode: (parent, (value, low, high))} - P(mode > its parent) for an
+    async mode whose parent is another async mode that ran (`async-decoupled` over `async`: what
+    the correction buys), "ci_method"}."""
     modes = [m for m in MODES if m in set(final["mode"])]
     tasks, matrices = score_matrices(final, references, modes)
     result: dict[str, Any] = {"tasks": tasks, "runs": 0, "iqm": {}, "improvement": None, "improvements": {},
-                              "ci_method": ""}
+                              "corrections": {}, "ci_method": ""}
     if not tasks or not len(next(iter(matrices.values()))):
         return result
     result["runs"] = int(next(iter(matrices.values())).shape[0])
@@ -133,5 +135,10 @@ def aggregate(final: pd.DataFrame, references: Mapping[str, float], reps: int = 
     for mode in (m for m in ASYNC_MODES if m in matrices and "barrier" in matrices):
         pair = [matrices[mode], matrices["barrier"]]
         result["improvements"][mode] = estimate(stats.probability_of_improvement, pair, reps)
+    for mode in (m for m in ASYNC_MODES if m in matrices and MODE_DEFS[m].parent in ASYNC_MODES):
+        parent = MODE_DEFS[mode].parent
+        if parent in matrices:
+            pair = [matrices[mode], matrices[parent]]
+            result["corrections"][mode] = (parent, estimate(stats.probability_of_improvement, pair, reps))
     result["improvement"] = result["improvements"].get("async")
     return result

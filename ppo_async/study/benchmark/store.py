@@ -20,6 +20,7 @@ from ppo_async.config import Config, config_to_dict
 from ppo_async.report.metrics import read_jsonl
 from ppo_async.run import rundir
 from ppo_async.study import store
+from ppo_async.study.benchmark.relabel import old_labels
 from ppo_async.study.benchmark.suites import Plan
 from ppo_async.study.manifest import write_json
 
@@ -64,6 +65,10 @@ benchmark recorded with other values takes today's (e.g. threaded runs that resu
 def _refusal(out: str, first: dict, spec: dict) -> str | None:
     """Why OUT's recorded benchmark (`first`) cannot take today's `spec`: other arguments (more
     seeds, envs or modes excepted) or other configs of its runs; None when it can."""
+    if old_labels(first):
+        return (f"out = {out!r} holds a benchmark recorded under the mode labels before 2026-12-05 (async-ppo is "
+                "today's async, async today's async-decoupled): relabel it once with `python -m ppo_async benchmark "
+                f"--out {out} --relabel-modes` (and --runs-dir where its runs are), then run again")
     grown = [k for k in ("seeds", "envs", "modes") if _grows(first, spec, k)]
     # `changes` only matter through the configs they make: where both record configs, other
     # changes giving the same configs (a field pinned at the value it had) are the same plan.
