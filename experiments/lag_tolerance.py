@@ -33,7 +33,10 @@ env steps to `--fraction` of K = 0's mean final return (first evaluation at or a
 the seeds that reach it, and how many do); and the mean over iterations and seeds of the KL to
 the behaviour policy (`approx_kl`), the clip fraction and the ESS fraction. One figure per env,
 OUT/lag_tolerance_<env>.png: normalised return vs K, one line per correction, beside mean KL vs K
-with the article's thresholds (0.01 watch, 0.03 lag is hurting).
+with the article's thresholds (0.01 watch, 0.03 lag is hurting). `--emergent-from DIR` (a mujoco
+benchmark output) adds the default async mode's runs, whose lag emerges from timing, at their mean
+lag: a star on each figure, a table row with their lag shares, and a line per env saying whether
+their return lies inside the 95% CI of the fixed ppo cell of that lag (issue 41 item 3).
 """
 
 from __future__ import annotations
@@ -55,12 +58,14 @@ from ppo_async.config.presets import config_for_env
 from ppo_async.report import figures, stats
 from ppo_async.report.metrics import read_jsonl
 from ppo_async.study import benchmark as bm
+from ppo_async.study.benchmark.timings import lag_fractions, read_timings
 from ppo_async.study.manifest import Manifest, default_out, write_summary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 MODE = "barrier"  # the benchmark mode every cell runs (one sampler, scheduled lag)
 K0 = "barrier-K0"  # the K = 0 cell: the benchmark's barrier runs, unchanged
+EMERGENT = "emergent"  # the table's row of the default async mode's runs (--emergent-from)
 METRICS = ("approx_kl", "clip_fraction", "ess_fraction")  # means over each run's iterations
 
 CORRECTIONS: dict[str, dict[str, Any]] = {
@@ -94,6 +99,8 @@ class Args:
     """'Env steps to this fraction of K = 0's mean final return' (envs with a positive return)."""
     k0_from: str | None = None
     """A benchmark output whose barrier runs are K = 0 (read only; its barrier config must be this one's)."""
+    emergent_from: str | None = None
+    """A benchmark output holding the default async mode's runs (lag from timing, not a schedule): placed on the table and figures at their mean lag, beside the fixed-K cell of that lag (read only; issue 41 item 3)."""
     out: str | None = None
     """Output folder (default runs/experiments/lag_tolerance; publish with --out experiments/results/lag_tolerance)."""
     summarise_only: bool = False
@@ -195,21 +202,21 @@ def k0_source(args: Args, out: str, env: str) -> str:
 # ---------------------------------------------------------------------------- the report (pure but for reads)
 
 
-def final_runs(source: str, env: str, seeds: int) -> pd.DataFrame:
-    """Every evaluation row (results.csv) of the runs of `env` in a benchmark output whose final
-    row is there (finished), seeds below `seeds`; empty when there are none."""
+def final_runs(source: str, env: str, seeds: int, mode: str = MODE) -> pd.DataFrame:
+    """Every evaluation row (results.csv) of the runs of `env` in `mode` in a benchmark output
+    whose final row is there (finished), seeds below `seeds`; empty when there are none."""
     df = bm.results_frame(source)
     if df.empty:
         return df
-    df = df[(df["env"] == env) & (df["mode"] == MODE) & (df["seed"] < seeds)]
+    df = df[(df["env"] == env) & (df["mode"] == mode) & (df["seed"] < seeds)]
     finished = set(df.loc[df["final"] == 1, "seed"])
     return df[df["seed"].isin(finished)]
 
 
-def run_means(source: str, env: str, seed: int) -> dict[str, float]:
+def run_means(source: str, env: str, seed: int, mode: str = MODE) -> dict[str, float]:
     """The mean over iterations of each of `METRICS` in one run's metrics.jsonl (NaN when the run
     directory or the metric is missing)."""
-    path = os.path.join(bm.run_dir_of(source, env, MODE, seed), "metrics.jsonl")
+    path = os.path.join(bm.run_dir_of(source, env, mode, seed), "metrics.jsonl")
     rows = read_jsonl(path, columns=METRICS) if os.path.isfile(path) else []
     return {name: stats_mean([r.get(name) for r in rows]) for name in METRICS}
 
@@ -276,10 +283,58 @@ def env_rows(args: Args, out: str, env: str, reference: float) -> list[dict[str,
     return rows
 
 
+def emergent_row(source: str, env: str, seeds: int, reference: float, target: float) -> dict[str, Any] | None:
+    """The default async mode's runs of `env` in benchmark output `source` as a table row (None
+    without finished ones): `cell_row`'s numbers, K = their mean lag (timings.csv, mean over
+    runs), `lag_shares` = the share of consumed samples at lag 0, 1, 2 and >= 3 (the summed
+    histograms), approx_kl from timings.csv where the run directories are elsewhere."""
+    mode = bm.DEFAULT_ASYNC_MODE
+    runs = final_runs(source, env, seeds, mode)
+    if runs.empty:
+        return None
+    seeds_run = sorted(int(s) for s in set(runs["seed"]))
+    timing = read_timings(source)
+    timing = timing[(timing["env"] == env) & (timing["mode"] == mode) & timing["seed"].isin(seeds_run)]
+    means = [run_means(source, env, seed, mode) for seed in seeds_run]
+    for m, seed in zip(means, seeds_run):
+        if not math.isfinite(m["approx_kl"]):
+            m["approx_kl"] = stats_mean(timing.loc[timing["seed"] == seed, "approx_kl"])
+    return {"env": env, "correction": EMERGENT, "K": stats_mean(timing["lag_mean"]), "target": target,
+            **cell_row(runs, reference, target, means), "lag_shares": json.dumps(lag_fractions(list(timing["lag_histogram"])))}
+
+
+def emergent_match(table: pd.DataFrame, env: str) -> str | None:
+    """One line: does the emergent-lag row's return match the fixed-K cell of its mean lag (PPO's
+    clip, the default async mode's objective; K = the mean lag rounded, >= 1)? Inside that cell's
+    95% CI or not, with the lag shares that differ from a fixed K (pure)."""
+    part = table[table["env"] == env]
+    emergent = part[part["correction"] == EMERGENT]
+    if emergent.empty or not math.isfinite(emergent.iloc[0]["K"]):
+        return None
+    e = emergent.iloc[0]
+    k = max(1, int(round(float(e["K"]))))
+    fixed = part[(part["correction"] == "ppo") & (part["K"] == k)]
+    shares = ", ".join(f"{label} {100 * x:.1f}%" for label, x in zip(("lag 0", "1", "2", ">= 3"), json.loads(e["lag_shares"])))
+    said = (f"{env}: {bm.DEFAULT_ASYNC_MODE} (emergent lag, mean {e['K']:.2f}; {shares}) norm {e['norm_mean']:.2f} "
+            f"[{e['norm_ci_low']:.2f}, {e['norm_ci_high']:.2f}], KL {e['approx_kl']:.4f}")
+    if fixed.empty:
+        return f"{said}; no fixed ppo-K{k} cell to compare with yet"
+    f = fixed.iloc[0]
+    inside = f["norm_ci_low"] <= e["norm_mean"] <= f["norm_ci_high"]
+    return (f"{said} against fixed ppo-K{k}: norm {f['norm_mean']:.2f} [{f['norm_ci_low']:.2f}, {f['norm_ci_high']:.2f}], "
+            f"KL {f['approx_kl']:.4f}: {'inside' if inside else 'outside'} its 95% CI")
+
+
 def lag_table(args: Args, out: str) -> pd.DataFrame:
     """Every env's rows (`env_rows`), references from the benchmark's references.json."""
     references = bm.normalising_references(bm.load_references())
-    rows = [row for env in args.envs for row in env_rows(args, out, env, references.get(env, math.nan))]
+    rows = []
+    for env in args.envs:
+        part = env_rows(args, out, env, references.get(env, math.nan))
+        if args.emergent_from is not None and part:
+            row = emergent_row(args.emergent_from, env, args.seeds, references.get(env, math.nan), part[0]["target"])
+            part += [row] if row is not None else []
+        rows += part
     return pd.DataFrame(rows)
 
 
@@ -293,17 +348,24 @@ def plot_env(table: pd.DataFrame, env: str, path: str) -> None:
     part = table[table["env"] == env]
     zero = part[part["K"] == 0]
     fig, (ret_ax, kl_ax) = figures.figure(1, 2, figsize=(11.0, 4.2))
-    for i, correction in enumerate(c for c in dict.fromkeys(part["correction"]) if c != "-"):
+    for i, correction in enumerate(c for c in dict.fromkeys(part["correction"]) if c not in ("-", EMERGENT)):
         line = pd.concat([zero, part[part["correction"] == correction]]).sort_values("K")
         x, y = line["K"].to_numpy(float), line["norm_mean"].to_numpy(float)
         err = np.abs(np.vstack([y - line["norm_ci_low"].to_numpy(float), line["norm_ci_high"].to_numpy(float) - y]))
         color = f"C{i}"  # one colour per correction in both panels
         ret_ax.errorbar(x, y, yerr=np.nan_to_num(err), marker="o", capsize=3, color=color, label=correction)
         kl_ax.plot(x, line["approx_kl"].to_numpy(float), marker="o", color=color)
+    emergent = part[part["correction"] == EMERGENT]
+    if len(emergent):
+        e = emergent.iloc[0]
+        err = np.abs([[e["norm_mean"] - e["norm_ci_low"]], [e["norm_ci_high"] - e["norm_mean"]]])
+        ret_ax.errorbar([e["K"]], [e["norm_mean"]], yerr=np.nan_to_num(err), marker="*", markersize=12, capsize=3,
+                        color="black", linestyle="none", label=f"{bm.DEFAULT_ASYNC_MODE}: emergent lag (mean {e['K']:.2f})")
+        kl_ax.plot([e["K"]], [e["approx_kl"]], marker="*", markersize=12, color="black", linestyle="none")
     ret_ax.set(xlabel="lag K (versions)", ylabel="final eval, normalised (1 = reference; 95% CI)", title=env)
     kl_ax.set(xlabel="lag K (versions)", ylabel="mean approx KL to the behaviour policy", title=f"{env}: KL vs K")
     figures.kl_guides(kl_ax)
-    ks = sorted(int(k) for k in part["K"].unique())
+    ks = sorted(int(k) for k in part.loc[part["correction"] != EMERGENT, "K"].unique())
     for ax in (ret_ax, kl_ax):
         ax.set_xscale("symlog", linthresh=1)  # K = 0, 1, 2, 4, 8 evenly spaced from 1 on
         ax.set_xticks(ks, labels=[str(k) for k in ks])
@@ -320,6 +382,7 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
     """The table with numbers as the summary prints them (pure)."""
     fmt = lambda v, spec: "-" if not isinstance(v, (int, float)) or not math.isfinite(v) else format(v, spec)  # noqa: E731
     out = table[["env", "correction", "K", "seeds"]].copy()
+    out["K"] = [f"{k:.2f} (mean)" if c == EMERGENT else f"{int(k)}" for c, k in zip(table["correction"], table["K"])]
     out["norm (95% CI)"] = [f"{fmt(m, '.2f')} ({fmt(lo, '.2f')}, {fmt(hi, '.2f')})"
                             for m, lo, hi in zip(table["norm_mean"], table["norm_ci_low"], table["norm_ci_high"])]
     out["worst"] = table["norm_worst"].map(lambda v: fmt(v, ".2f"))
@@ -348,6 +411,10 @@ def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
     lines += ["", f"corrections: {', '.join(f'{k} = {v}' for k, v in CORRECTIONS.items() if k in set(table['correction']))}"
               "; decoupled adds ppo.prox_ewma = 1 - 2 / (SGD steps per iteration)",
               f"K = 0 from: {args.k0_from or 'OUT/<env>/' + K0}",
+              *([f"{EMERGENT}: the default async mode's runs ({bm.DEFAULT_ASYNC_MODE}: lag from timing) from "
+                 f"{args.emergent_from}, K = their mean lag; against the fixed-K cell of that lag:"]
+                + [line for env in dict.fromkeys(table["env"]) if (line := emergent_match(table, env))]
+                if args.emergent_from is not None else []),
               "command: python experiments/lag_tolerance.py --out experiments/results/lag_tolerance (the whole grid; it "
               "resumes, skipping finished runs)",
               f"(this summary written by: python experiments/lag_tolerance.py {' '.join(sys.argv[1:])})"]
@@ -365,7 +432,8 @@ def summarise(args: Args, out: str) -> pd.DataFrame:
 
 
 def check_args(args: Args) -> None:
-    """SystemExit naming the option for an unknown correction or a lag that is not > 0."""
+    """SystemExit naming the option for an unknown correction, a lag that is not > 0, a bad
+    fraction or an --emergent-from that holds no benchmark."""
     unknown = [c for c in args.corrections if c not in CORRECTIONS]
     if unknown:
         raise SystemExit(f"error: --corrections: {unknown[0]!r} is not a correction ({', '.join(CORRECTIONS)})")
@@ -373,6 +441,8 @@ def check_args(args: Args) -> None:
         raise SystemExit(f"error: --ks {list(args.ks)}: lags must be integers >= 1 (K = 0 is the barrier runs)")
     if not 0.0 < args.fraction <= 1.0:
         raise SystemExit(f"error: --fraction {args.fraction}: must lie in (0, 1]")
+    if args.emergent_from is not None and not os.path.isfile(os.path.join(args.emergent_from, bm.RESULTS_FILE)):
+        raise SystemExit(f"error: --emergent-from {args.emergent_from!r}: no {bm.RESULTS_FILE} (not a benchmark output)")
 
 
 def main(args: Args) -> pd.DataFrame:

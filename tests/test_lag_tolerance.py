@@ -69,7 +69,8 @@ def test_cell_numbers_hand_computed():
 
 def test_bad_options_are_one_line_errors():
     for args, match in ((lag_tolerance.Args(corrections=("nope",)), "--corrections"),
-                        (lag_tolerance.Args(ks=(0, 2)), "--ks"), (lag_tolerance.Args(fraction=1.5), "--fraction")):
+                        (lag_tolerance.Args(ks=(0, 2)), "--ks"), (lag_tolerance.Args(fraction=1.5), "--fraction"),
+                        (lag_tolerance.Args(emergent_from="/nonexistent"), "--emergent-from")):
         with pytest.raises(SystemExit, match=match):
             lag_tolerance.check_args(args)
 
@@ -112,3 +113,43 @@ def test_the_script_end_to_end_on_a_tiny_budget(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="differ from this call's K = 0 in eval_episodes"):
         lag_tolerance.main(lag_tolerance.Args(**{**TINY, "eval_episodes": 3}, out=other, k0_from=k0))
     assert np.isfinite(table["norm_mean"]).all()  # Pendulum-v1 has a normalising reference
+
+
+def test_the_emergent_lag_is_placed_beside_the_fixed_k_cell_of_its_mean_lag(tmp_path):
+    """--emergent-from: the default async mode's runs as a row at their mean lag (timings.csv),
+    with the lag shares of their summed histograms and their KL, against the fixed ppo cell of
+    that lag (issue 41 item 3); hand-made benchmark output, hand-computed numbers."""
+    from ppo_async.study.benchmark.timings import write_timing
+
+    source, mode = str(tmp_path / "bench"), bm.DEFAULT_ASYNC_MODE
+    os.makedirs(source)
+    bm.write_results(source, [{"env": HOPPER, "mode": m, "seed": s, "checkpoint": c, "iteration": c // 2048,
+                               "env_steps": c, "eval_return": r, "train_return": 0.0, "episodes": 1, "wall_s": 1.0,
+                               "train_wall_s": 1.0, "approx_kl": 0.02, "lag_mean": 1.0, "final": int(c == 200_000)}
+                              for m, s, c, r in [(mode, 0, 100_000, 1000.0), (mode, 0, 200_000, 2383.0),
+                                                 (mode, 1, 100_000, 3000.0), (mode, 1, 200_000, 3574.5),
+                                                 ("barrier", 0, 200_000, 9.0)]])
+    for seed, lag, histogram in ((0, 1.0, [0, 90, 10]), (1, 1.2, [10, 60, 20, 10])):
+        write_timing(source, {"env": HOPPER, "mode": mode, "seed": seed, "iterations": 97, "sample_s": 0.3, "learn_s": 0.05,
+                              "wait_s": 0.01, "wall_s": 100.0, "approx_kl": 0.01 * (seed + 1), "lag_mean": lag,
+                              "lag_histogram": json.dumps(histogram)})
+    row = lag_tolerance.emergent_row(source, HOPPER, seeds=3, reference=2383.0, target=2000.0)
+    assert row["correction"] == lag_tolerance.EMERGENT and row["K"] == pytest.approx(1.1)
+    assert row["seeds"] == 2 and row["norm_mean"] == pytest.approx((1.0 + 1.5) / 2)  # 2,383 and 3,574.5 over 2,383
+    assert row["steps_to_target"] == pytest.approx((200_000 + 100_000) / 2) and row["reached"] == 2
+    assert row["approx_kl"] == pytest.approx(0.015)  # timings.csv: no run directories here
+    assert json.loads(row["lag_shares"]) == pytest.approx([0.05, 0.75, 0.15, 0.05])  # (0+10, 90+60, 10+20, 0+10) / 200
+    assert lag_tolerance.emergent_row(source, "gymnasium/Walker2d-v5", 3, 1.0, 1.0) is None
+    fixed = {"env": HOPPER, "correction": "ppo", "K": 1, "target": 2000.0, "seeds": 3, "eval_mean": 3000.0,
+             "norm_mean": 1.2, "norm_ci_low": 1.0, "norm_ci_high": 1.4, "norm_worst": 1.0, "steps_to_target": 1.0,
+             "reached": 3, "approx_kl": 0.012, "clip_fraction": 0.1, "ess_fraction": 0.9}
+    table = pd.DataFrame([fixed, row])
+    line = lag_tolerance.emergent_match(table, HOPPER)
+    assert f"{mode} (emergent lag, mean 1.10; lag 0 5.0%, 1 75.0%, 2 15.0%, >= 3 5.0%) norm 1.25" in line
+    assert line.endswith("against fixed ppo-K1: norm 1.20 [1.00, 1.40], KL 0.0120: inside its 95% CI")
+    assert lag_tolerance.emergent_match(table.assign(norm_ci_high=[1.22, 1.6]), HOPPER).endswith("outside its 95% CI")
+    assert lag_tolerance.emergent_match(table[table.correction == "emergent"], HOPPER).endswith("no fixed ppo-K1 cell to compare with yet")
+    assert "1.10 (mean)" in lag_tolerance.formatted(table).to_string()
+    path = str(tmp_path / "fig.png")
+    lag_tolerance.plot_env(table, HOPPER, path)
+    assert os.path.getsize(path) > 0
