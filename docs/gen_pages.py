@@ -520,7 +520,10 @@ def benchmark_table() -> str:
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for (env, mode, _), row in last.items():
         cells[(env, mode)].append(row)
-    modes = sorted({m for _, m in cells}, key=lambda m: ["sync", "barrier", "async"].index(m) if m in ("sync", "barrier", "async") else 9)
+    from ppo_async.study.benchmark import MODES
+
+    order = list(MODES)  # the benchmark's own order: sync, barrier, async, async-decoupled
+    modes = sorted({m for _, m in cells}, key=lambda m: order.index(m) if m in order else len(order))
     envs = sorted({e for e, _ in cells})
 
     def mean(values: list[float]) -> float:
