@@ -96,6 +96,7 @@ def test_the_resolved_versions_line_names_every_bounded_package():
     assert line.startswith("resolved versions: ppo_async ")
     import jax
     assert f"jax {jax.__version__}" in line and all(f"{name} " in line for name in PACKAGES)
+    assert f"pytest {pytest.__version__}" in line and "pytest-xdist " in line  # the test runner CI resolved
 
 
 def test_package_versions_are_the_installed_ones():

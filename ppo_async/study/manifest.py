@@ -261,5 +261,7 @@ def versions_line(versions: dict[str, str | None]) -> str:
     return "  ".join(f"{name} {version or '-'}" for name, version in versions.items())
 
 
+TEST_PACKAGES = ("pytest", "pytest-xdist")  # the test runner CI resolved too (its scheduling depends on both)
+
 if __name__ == "__main__":  # what a fresh install resolved (.ci/run prints it before the tests)
-    print("resolved versions:", versions_line(package_versions()))
+    print("resolved versions:", versions_line(package_versions(PACKAGES + TEST_PACKAGES)))
