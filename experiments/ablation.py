@@ -104,7 +104,7 @@ old values keeps each variant one factor from the preset it was measured against
 committed runs resumable."""
 
 
-ABLATED_ASYNC_LAYOUT = {"threaded.num_samplers": 4, "threaded.chunks_per_batch": 4}
+ABLATED_ASYNC_LAYOUT = {"num_samplers": 4, "threaded.chunks_per_batch": 4}
 """Set under every `async...` variant: the benchmark's async layout as the ablation measured it (4
 samplers sharing the preset's envs, a batch of one chunk from each). The benchmark's async modes
 took one sampler of all the envs afterwards (issue 39: the same lag ~1, faster per env step);

@@ -103,12 +103,12 @@ def run_side(name: str, total: int) -> dict:
     run_dir = tempfile.mkdtemp(prefix="bench_distributed_" + name.replace(" ", "")[:10] + "_")
     args = [*COMMON, "--total-env-steps", str(total), "--run-dir", os.path.join(run_dir, "run")]
     if "processes" in name:
-        cmd = ["launch", "--num-processes", str(n), "--", "train", *args, "--threaded.num-samplers", str(4 // n)]
+        cmd = ["launch", "--num-processes", str(n), "--", "train", *args, "--num-samplers", str(4 // n)]
         cmd += ["--distributed.learner-sync", "gradients"] if name.endswith(GRADIENTS) else []
         env = dict(os.environ)
     else:
         devices = [str(d) for d in range(n)]
-        cmd = ["train", *args, "--threaded.num-samplers", "4", "--threaded.chunks-per-batch", str(n),
+        cmd = ["train", *args, "--num-samplers", "4", "--threaded.chunks-per-batch", str(n),
                "--threaded.sampler-devices", *devices, "--threaded.learner-devices", *devices]
         env = devices_env(n)
     done = subprocess.run([sys.executable, "-m", "ppo_async", *cmd], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)

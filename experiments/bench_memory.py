@@ -74,12 +74,12 @@ def sample():
         time.sleep(0.1)
 if shape == "issue":
     config = pa.Config(env="Pendulum-v1", mode=mode, total_env_steps=iterations * 1024, log_every=log_every, run_dir=run_dir,
-                       threaded=pa.ThreadedConfig(num_samplers=4))
+                       num_samplers=4)
 else:
     config = pa.Config(env="Pendulum-v1", mode=mode, total_env_steps=iterations * 32, log_every=log_every, run_dir=run_dir,
                        rollout=pa.RolloutConfig(num_envs=4, num_steps=8), ppo=pa.PPOConfig(num_epochs=1, num_minibatches=1),
                        network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)),
-                       **({"threaded": pa.ThreadedConfig(num_samplers=2)} if mode == "threaded" else {}))
+                       **({"num_samplers": 2} if mode == "threaded" else {}))
 assert config.num_iterations == iterations, (config.num_iterations, iterations)
 def on_iteration(rows):
     reached[0] = rows[0]["iteration"]

@@ -131,7 +131,8 @@ def make_setup(num_envs: int, num_steps: int, chunks_per_batch: int = 1, seed: i
         mode="threaded",
         seed=seed,
         rollout=pa.RolloutConfig(num_envs=num_envs, num_steps=num_steps),
-        threaded=pa.ThreadedConfig(num_samplers=1, chunks_per_batch=chunks_per_batch),
+        num_samplers=1,
+        threaded=pa.ThreadedConfig(chunks_per_batch=chunks_per_batch),
     )
     return make_threaded_setup(config)  # compiles the rollout, merge and update
 
@@ -213,7 +214,7 @@ def pure_update(setup: ThreadedSetup, iterations: int) -> float:
 
 def threaded_learner(setup: ThreadedSetup, iterations: int) -> float:
     """Iterations/s of one `learner_loop` thread on a pre-filled buffer (first iteration excluded)."""
-    num_chunks = iterations * setup.config.threaded.effective_chunks_per_batch
+    num_chunks = iterations * setup.config.effective_chunks_per_batch
     buffer = RingBuffer(setup.example, num_chunks, "block", device=setup.placement.buffer_device)
     buffer.warm_up(setup.example)  # as train_threaded does, before its clock starts
     for _ in range(num_chunks):
@@ -246,8 +247,8 @@ def straggler_config(args: Args, num_envs: int, num_steps: int, barrier: bool) -
         mode="threaded",
         total_env_steps=args.straggler_iterations * 4 * num_envs * num_steps,
         rollout=pa.RolloutConfig(num_envs=num_envs, num_steps=num_steps),
+        num_samplers=4,
         threaded=pa.ThreadedConfig(
-            num_samplers=4,
             sampler_step_latency_ms=(latency, latency, latency, args.slow_factor * latency),
             chunks_per_batch=4,
             barrier=barrier,

@@ -95,7 +95,7 @@ def run_buffer(args: Args) -> pd.DataFrame:
     rows = []
     for seed in range(args.num_seeds):  # seeds outermost: drift in machine load spreads over every length
         for chunks in args.buffer_chunks:
-            config = pa.config.replace_paths(base, {"threaded.num_samplers": args.buffer_samplers,
+            config = pa.config.replace_paths(base, {"num_samplers": args.buffer_samplers,
                                                     "threaded.buffer_capacity": chunks * base.chunk_size})
             rows.append(measure(config, seed, buffer_chunks=chunks, num_samplers=args.buffer_samplers))
     return pd.DataFrame(rows)
@@ -105,11 +105,11 @@ def run_samplers(args: Args) -> pd.DataFrame:
     base = base_config(args, args.sampler_env_steps)
     rows = []
     for regime, pattern in (("compute", args.compute_pattern), ("latency", args.latency_pattern)):
-        start = pa.config.replace_paths(base, {"threaded.num_samplers": len(pattern),
+        start = pa.config.replace_paths(base, {"num_samplers": len(pattern),
                                                "threaded.sampler_step_latency_ms": tuple(pattern)})
         for seed in range(args.num_seeds):
             for n in range(1, args.max_samplers + 1):
-                changes = with_latency(start, {"threaded.num_samplers": n})
+                changes = with_latency(start, {"num_samplers": n})
                 rows.append(measure(pa.config.replace_paths(start, changes), seed, regime=regime, num_samplers=n))
     return pd.DataFrame(rows)
 

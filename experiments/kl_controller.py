@@ -122,7 +122,7 @@ def latencies(task: Task, samplers: int) -> tuple[float, ...]:
 def setting_config(task: Task, samplers: int, buffer_chunks: int, refresh_lag: int, kl_target: float | None) -> pa.Config:
     """The task's preset in threaded mode with these knobs (and the controller at `kl_target`, None = off)."""
     base = pa.config_for_env(task.env, {"mode": "threaded", "total_env_steps": task.total_env_steps})
-    return replace_paths(base, {"threaded.num_samplers": samplers, "threaded.sampler_step_latency_ms": latencies(task, samplers),
+    return replace_paths(base, {"num_samplers": samplers, "threaded.sampler_step_latency_ms": latencies(task, samplers),
                                 "threaded.buffer_capacity": buffer_chunks * base.chunk_size,
                                 "threaded.refresh_lag": refresh_lag, "threaded.kl_target": kl_target})
 
@@ -152,7 +152,7 @@ def measure(df: pd.DataFrame, task: Task, name: str, seed: int, config: pa.Confi
     steps, seconds = analysis.first_reach(df, task.threshold)
     within, under = kl_fractions(df, target)
     tail = df.iloc[int(len(df) * WARMUP_FRACTION):]
-    row = {"setting": name, "seed": seed, "samplers": config.threaded.num_samplers,
+    row = {"setting": name, "seed": seed, "samplers": config.num_samplers,
            "buffer_chunks": config.buffer_capacity_chunks, "controlled": config.threaded.kl_target is not None,
            "seconds_to_return": seconds, "steps_to_return": steps, "final_return": m["final_return"],
            "within_1_25_target": within, "under_target": under, "approx_kl_mean": m["approx_kl_mean"],

@@ -155,7 +155,7 @@ def threaded_config(args: Args, variant: str, seed: int) -> pa.Config:
         "rollout.num_envs": args.num_envs,
         "rollout.num_steps": steps,
         "ppo.objective": "decoupled" if variant == "async_decoupled" else "ppo",
-        "threaded.num_samplers": args.num_samplers,
+        "num_samplers": args.num_samplers,
         "threaded.barrier": barrier,
         "threaded.chunks_per_batch": cpb,
         "threaded.buffer_capacity": args.buffer_batches * cpb * args.num_envs * steps,  # transitions
@@ -165,13 +165,10 @@ def threaded_config(args: Args, variant: str, seed: int) -> pa.Config:
 
 
 def simulated_config(args: Args, seed: int, replay_path: str | None, num_seeds: int = 1) -> pa.Config:
-    lag = (
-        pa.LagConfig(schedule="replay", replay_path=replay_path, num_samplers=args.num_samplers)
-        if replay_path
-        else pa.LagConfig(schedule="fixed", K=0, num_samplers=args.num_samplers)
-    )
+    lag = pa.LagConfig(schedule="replay", replay_path=replay_path) if replay_path else pa.LagConfig(schedule="fixed", K=0)
     return pa.config_for_env(args.env, {
         "mode": "simulated",
+        "num_samplers": args.num_samplers,
         "seed": seed,
         "num_seeds": num_seeds,
         "total_env_steps": args.total_env_steps,

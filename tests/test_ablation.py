@@ -40,7 +40,7 @@ def test_async_variants_change_one_thing_of_the_async_mode():
                                                                                "async+log_std_-0.5+learner_norm",
                                                                                "async+log_std_-0.5+learner_norm+stats_before_sgd"]
     base = config_of("async")
-    assert (base.threaded.num_samplers, base.threaded.chunks_per_batch, base.rollout.num_envs) == (4, 4, 4)
+    assert (base.num_samplers, base.threaded.chunks_per_batch, base.rollout.num_envs) == (4, 4, 4)
     assert (base.threaded.barrier, base.ppo.objective) == (False, "decoupled")
     assert config_of("async+ppo_objective") == replace_paths(base, {"ppo.objective": "ppo"})
     assert config_of("async+lag_0") == replace_paths(base, {"threaded.barrier": True})
@@ -77,7 +77,7 @@ def test_barrier_variants_run_one_sampler_at_lag_0():
     for variant in ("preset", "old", "preset-value_clip", "preset+gamma_0.995"):
         assert ablation.mode_of(variant) == "barrier", variant
         config = config_of(variant)
-        assert (config.threaded.num_samplers, config.threaded.barrier, config.rollout.num_envs) == (1, True, 16)
+        assert (config.num_samplers, config.threaded.barrier, config.rollout.num_envs) == (1, True, 16)
     assert config_of("preset+gamma_0.995").ppo.gamma == 0.995
     assert config_of("old").ppo.num_epochs == 4 and config_of("preset").ppo.num_epochs == 10
 

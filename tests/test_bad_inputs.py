@@ -182,7 +182,8 @@ CLI_CASES: list[tuple[str, str]] = [
     ("train --mode simulated --lag.num-samplers 0", "--lag.num-samplers"),
     # threaded.*
     ("train --mode threaded --threaded.num-samplers 0", "--threaded.num-samplers"),
-    ("train --threaded.num-samplers 4", "--threaded.num-samplers"),
+    ("train --num-samplers 4", "--num-samplers"),
+    ("train --mode threaded --num-samplers 0", "--num-samplers"),
     ("train --mode threaded --threaded.buffer-capacity 100", "--threaded.buffer-capacity"),
     ("train --mode threaded --threaded.refresh-lag 0", "--threaded.refresh-lag"),
     ("train --mode threaded --threaded.full-policy drop", "--threaded.full-policy"),

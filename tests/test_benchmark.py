@@ -230,12 +230,12 @@ def test_plan_defaults_and_run_configs():
     assert bm.resolve_plan("classic").modes == ("sync", "barrier", "async", "async-decoupled")
     config = bm.run_config(plan, "gymnasium/Hopper-v5", "async-decoupled", 3, "somewhere")
     preset = pa.config_for_env("gymnasium/Hopper-v5", {"mode": "threaded"})
-    assert (config.mode, config.threaded.num_samplers, config.threaded.barrier, config.seed) == ("threaded", 1, False, 3)
+    assert (config.mode, config.num_samplers, config.threaded.barrier, config.seed) == ("threaded", 1, False, 3)
     assert config.ppo == dataclasses.replace(preset.ppo, objective="decoupled")  # the rest of the preset stays
     assert (config.ppo.objective, config.ppo.num_epochs, config.ppo.num_minibatches) == ("decoupled", 10, 32)
     # barrier's sampler of the preset's 16 envs, a batch of one chunk: barrier's batch of 2,048 steps
     barrier = bm.run_config(plan, "gymnasium/Hopper-v5", "barrier", 3, None)
-    assert (config.rollout.num_envs, config.threaded.effective_chunks_per_batch, barrier.rollout.num_envs) == (16, 1, 16)
+    assert (config.rollout.num_envs, config.effective_chunks_per_batch, barrier.rollout.num_envs) == (16, 1, 16)
     assert config.batch_size == barrier.batch_size == 2048 and barrier.ppo == preset.ppo
     # 100k env steps in whole iterations (100,000 / 2,048 = 48.8 -> 49), recorded as such: 49 x 2,048
     assert (config.eval_every_iterations, config.eval_every_steps) == (49, 49 * 2048)
@@ -264,7 +264,7 @@ def test_modes_are_data_each_its_parent_plus_what_it_changes():
     assert configs["async-decoupled"] == configs["async"].replace(ppo=dataclasses.replace(configs["async"].ppo, objective="decoupled"))
     assert configs["async"].ppo == configs["barrier"].ppo  # PPO's clip, as barrier
     assert {m: c.batch_size for m, c in configs.items()} == {"barrier": 2048, "async": 2048, "async-decoupled": 2048}
-    assert {m: (c.threaded.num_samplers, c.rollout.num_envs, c.threaded.effective_chunks_per_batch)
+    assert {m: (c.num_samplers, c.rollout.num_envs, c.effective_chunks_per_batch)
             for m, c in configs.items()} == {m: (1, 16, 1) for m in configs}  # one sampler of the preset's 16 envs
 
 
@@ -276,7 +276,7 @@ def test_the_slow_simulator_suite_is_the_articles_regime_for_every_mode():
     configs = {m: bm.run_config(plan, "gymnasium/Walker2d-v5", m, 0, None) for m in plan.modes}
     for mode, config in configs.items():
         t = config.threaded
-        assert (t.num_samplers, config.rollout.num_envs, config.batch_size) == (8, 2, 2048), mode
+        assert (config.num_samplers, config.rollout.num_envs, config.batch_size) == (8, 2, 2048), mode
         assert t.sampler_step_latency_ms == (5.0,) * 7 + (20.0,), mode
         assert t.barrier == (mode == "barrier")
     assert configs["async"].threaded.chunks_per_batch == configs["async-decoupled"].threaded.chunks_per_batch == 8

@@ -331,7 +331,7 @@ def test_a_stored_config_with_an_iteration_cadence_converts_silently():
     makes, and no warning: its reader typed nothing."""
     import warnings
 
-    from ppo_async.config import config_from_dict, config_to_dict, convert_iteration_cadences
+    from ppo_async.config import config_from_dict, config_to_dict, convert_deprecated_fields
 
     data = config_to_dict(Config(rollout=RolloutConfig(num_envs=16, num_steps=128), run_dir="r"))  # batch 2,048
     for key in ("eval_every_steps", "checkpoint_every_steps"):
@@ -340,7 +340,7 @@ def test_a_stored_config_with_an_iteration_cadence_converts_silently():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         config = config_from_dict(data)
-        converted = convert_iteration_cadences(data)
+        converted = convert_deprecated_fields(data)
     assert (config.eval_every_steps, config.checkpoint_every_steps, config.eval_every, config.checkpoint_every) == (
         100_352, 100_352, 0, 0)
     assert converted == config_to_dict(config) and data["eval_every"] == 49  # (the dict given is left as it was)

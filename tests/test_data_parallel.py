@@ -26,8 +26,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE = ["d0", "d1", "d2", "d3"]
 
 
-def threaded(**kw) -> pa.Config:
-    return pa.Config(mode="threaded", threaded=pa.ThreadedConfig(**kw))
+def threaded(num_samplers: int | None = None, **kw) -> pa.Config:
+    return pa.Config(mode="threaded", num_samplers=num_samplers, threaded=pa.ThreadedConfig(**kw))
 
 
 def test_placement_defaults_share_one_device_and_split_several():
@@ -57,18 +57,18 @@ def test_barrier_and_chunk_config_rules():
     assert threaded(num_samplers=3, barrier=True).batch_size == 3 * 1024
     assert threaded(num_samplers=3, chunks_per_batch=2).batch_size == 2 * 1024
     assert threaded(num_samplers=3).batch_size == 1024
-    with pytest.raises(pa.ConfigError, match=r"threaded.chunks_per_batch.*num_samplers = 3"):
-        pa.ThreadedConfig(num_samplers=3, barrier=True, chunks_per_batch=2)
-    with pytest.raises(pa.ConfigError, match=r"threaded.buffer_capacity = 2048 .*must hold >= threaded.num_samplers = 4 chunks"):
-        pa.Config(mode="threaded", total_env_steps=8192, threaded=pa.ThreadedConfig(
-            num_samplers=4, barrier=True, buffer_capacity=2048, full_policy="overwrite_oldest"))
+    with pytest.raises(pa.ConfigError, match=r"threaded.chunks_per_batch = 2 .*must equal num_samplers = 3"):
+        threaded(num_samplers=3, barrier=True, chunks_per_batch=2)
+    with pytest.raises(pa.ConfigError, match=r"threaded.buffer_capacity = 2048 .*must hold >= num_samplers = 4 chunks"):
+        pa.Config(mode="threaded", total_env_steps=8192, num_samplers=4, threaded=pa.ThreadedConfig(
+            barrier=True, buffer_capacity=2048, full_policy="overwrite_oldest"))
     with pytest.raises(pa.ConfigError, match=r"threaded.buffer_capacity = 1000 .*whole number of rollout chunks.*1024"):
         pa.Config(mode="threaded", threaded=pa.ThreadedConfig(buffer_capacity=1000))
     with pytest.raises(pa.ConfigError, match=r"threaded.buffer_capacity = 1000 has no effect.*mode='sync'"):
         pa.Config(mode="sync", threaded=pa.ThreadedConfig(buffer_capacity=1000))  # a threaded knob outside threaded mode
     assert pa.Config(mode="threaded", threaded=pa.ThreadedConfig(buffer_capacity=3072)).buffer_capacity_chunks == 3
     with pytest.raises(pa.ConfigError, match=r"total_env_steps.*chunks_per_batch"):
-        pa.Config(mode="threaded", total_env_steps=2048, threaded=pa.ThreadedConfig(num_samplers=4, barrier=True))
+        pa.Config(mode="threaded", total_env_steps=2048, num_samplers=4, threaded=pa.ThreadedConfig(barrier=True))
 
 
 def test_concat_trajectories_joins_env_columns_and_merges_stats():
@@ -150,7 +150,7 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
     # (2) a threaded run with the default split: samplers on devices 0-1, learner on 2-3.
     run = pa.train(pa.Config(mode="threaded", total_env_steps=128 * 12, rollout=pa.RolloutConfig(num_envs=8, num_steps=16),
                              ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2),
-                             threaded=pa.ThreadedConfig(num_samplers=3, sampler_step_latency_ms=(0.2, 0.2, 0.5))))
+                             num_samplers=3, threaded=pa.ThreadedConfig(sampler_step_latency_ms=(0.2, 0.2, 0.5))))
     p = run.extras["placement"]
     out["auto"] = {"samplers": [d.id for d in p.sampler_devices], "learner": [d.id for d in p.learner_devices],
                    "iterations": len(run.metrics),
@@ -159,7 +159,7 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
     # (3) barrier over all four learner devices, samplers pinned to device 3
     run = pa.train(pa.Config(mode="threaded", total_env_steps=256 * 4, rollout=pa.RolloutConfig(num_envs=8, num_steps=16),
                              ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2),
-                             threaded=pa.ThreadedConfig(num_samplers=2, barrier=True, sampler_devices=(3,), learner_devices=(0, 1, 2, 3))))
+                             num_samplers=2, threaded=pa.ThreadedConfig(barrier=True, sampler_devices=(3,), learner_devices=(0, 1, 2, 3))))
     out["barrier"] = {"lag_max": max(r["lag_max"] for r in run.metrics), "iterations": len(run.metrics),
                       "samplers": [sorted(r["sampler_id"]) for r in run.metrics]}
     print("RESULT " + json.dumps(out))

@@ -99,7 +99,7 @@ def test_one_compile_serves_both_objectives_and_lag_zero_decoupled_is_ppo():
 def test_decoupled_ewma_runs_in_threaded_mode_with_real_lag():
     config = pa.Config(mode="threaded", total_env_steps=64 * 12, ppo=PPO(num_epochs=2, num_minibatches=2,
                        objective="decoupled", prox_ewma=0.9),
-                       threaded=pa.ThreadedConfig(num_samplers=3, sampler_step_latency_ms=(0.2, 0.2, 1.0)), **SMALL)
+                       num_samplers=3, threaded=pa.ThreadedConfig(sampler_step_latency_ms=(0.2, 0.2, 1.0)), **SMALL)
     rows = pa.train(config).metrics
     assert len(rows) == 12 and max(r["lag_max"] for r in rows) >= 1
     for r in rows:

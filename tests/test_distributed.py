@@ -232,7 +232,7 @@ def test_a_slow_key_value_store_is_on_no_process_iteration_path():
     process 0 reads a batch of iterations per call and builds every global row, in order,
     with the accounting identity, about as fast as the iterations come."""
     store, iterations, period, delay = SlowKeyValueStore(0.2), 40, 0.01, 0.2
-    cfg = lambda pid: pa.Config(mode="threaded", threaded=pa.ThreadedConfig(num_samplers=1, timeout_s=30.0),  # noqa: E731
+    cfg = lambda pid: pa.Config(mode="threaded", num_samplers=1, threaded=pa.ThreadedConfig(timeout_s=30.0),  # noqa: E731
                                 distributed=DistributedConfig(num_processes=2, process_id=pid, coordinator_address="127.0.0.1:1"))
     exchanges = [distributed.Exchange(cfg(p), client=store) for p in (0, 1)]
 

@@ -38,7 +38,7 @@ TINY = dict(
 
 def threaded_run(env: str, num_samplers: int = 2, iterations: int = 6, **kw) -> tuple[pa.Config, pa.TrainResult]:
     config = pa.Config(env=env, mode="threaded", total_env_steps=32 * iterations,
-                       threaded=ThreadedConfig(num_samplers=num_samplers), **TINY, **kw)
+                       num_samplers=num_samplers, **TINY, **kw)
     return config, pa.train(config)
 
 

@@ -173,7 +173,7 @@ def test_a_short_threaded_run_on_envpool_halfcheetah_writes_finite_metrics(tmp_p
                        rollout=pa.RolloutConfig(num_envs=8, num_steps=32),
                        ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2),
                        network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)),
-                       threaded=ThreadedConfig(num_samplers=2), run_dir=str(tmp_path / "run"), eval_every_steps=8 * 256, eval_episodes=2)
+                       num_samplers=2, run_dir=str(tmp_path / "run"), eval_every_steps=8 * 256, eval_episodes=2)
     result = pa.train(config)
     rows = result.metrics
     assert [r["iteration"] for r in rows] == list(range(1, config.num_iterations + 1)) and config.num_iterations == 8

@@ -269,7 +269,7 @@ def test_controller_limits_of_a_config():
     from ppo_async.modes.threaded import controller_limits
 
     config = pa.Config(mode="threaded", ppo=pa.PPOConfig(learning_rate=1e-3),
-                       threaded=ThreadedConfig(num_samplers=3, refresh_lag=2, kl_target=0.01, kl_quantile=0.9))
+                       num_samplers=3, threaded=ThreadedConfig(refresh_lag=2, kl_target=0.01, kl_quantile=0.9))
     assert controller_limits(config) == ControllerLimits(0.01, 8, 3, 2, None, 1e-3, 0.9)
     assert controller_limits(config.replace(threaded=ThreadedConfig())) is None
 
@@ -283,7 +283,7 @@ def test_threaded_run_steered_to_the_floor_by_an_unreachable_target():
     config = pa.Config(
         mode="threaded", total_env_steps=128 * 40, rollout=pa.RolloutConfig(num_envs=8, num_steps=16),
         ppo=pa.PPOConfig(num_epochs=2, num_minibatches=2, anneal_lr=False),
-        threaded=ThreadedConfig(num_samplers=3, refresh_lag=2, buffer_capacity=6 * 128, kl_target=1e-6, kl_window=2),
+        num_samplers=3, threaded=ThreadedConfig(refresh_lag=2, buffer_capacity=6 * 128, kl_target=1e-6, kl_window=2),
     )
     rows = pa.train(config, progress=False).metrics
     last = rows[-1]
@@ -336,7 +336,7 @@ def test_the_learning_rate_scale_survives_a_threaded_resume(tmp_path, monkeypatc
     config = pa.Config(mode="threaded", total_env_steps=7 * 128, run_dir=str(tmp_path / "r"), checkpoint_every_steps=2 * 128,
                        rollout=pa.RolloutConfig(num_envs=8, num_steps=16), ppo=pa.PPOConfig(num_epochs=1, num_minibatches=2),
                        network=pa.NetworkConfig(actor_hidden=(16,), critic_hidden=(16,)),
-                       threaded=ThreadedConfig(num_samplers=2, kl_target=1e-6, kl_window=1))
+                       num_samplers=2, threaded=ThreadedConfig(kl_target=1e-6, kl_window=1))
     with pytest.raises(Stop):
         pa.train(config, on_iteration=stop_at_5)
     first_rows = pa.read_jsonl(str(tmp_path / "r" / "metrics.jsonl"))

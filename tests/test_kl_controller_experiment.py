@@ -30,7 +30,7 @@ def test_settings_are_the_bad_start_and_the_grid():
         assert len(task.grid_samplers) >= 3 and len(task.grid_buffer_chunks) >= 3, name
         assert len(configs) == 1 + len(task.grid_samplers) * len(task.grid_buffer_chunks)
         controlled = configs["controlled"]
-        assert (controlled.threaded.num_samplers, controlled.buffer_capacity_chunks, controlled.threaded.refresh_lag,
+        assert (controlled.num_samplers, controlled.buffer_capacity_chunks, controlled.threaded.refresh_lag,
                 controlled.threaded.kl_target) == (task.bad_samplers, task.bad_buffer_chunks, task.bad_refresh_lag, 0.008)
         fixed = configs[f"fixed-s{task.grid_samplers[0]}-b{task.grid_buffer_chunks[-1]}"]
         assert fixed.threaded.kl_target is None and fixed.threaded.refresh_lag == 1
@@ -38,7 +38,7 @@ def test_settings_are_the_bad_start_and_the_grid():
             latency = config.threaded.sampler_step_latency_ms
             assert latency == (task.latency_ms,) * (len(latency) - 1) + (task.latency_ms * 4,)  # the last: a 4x straggler
     hopper = script.settings(script.TASKS["hopper"], 0.008)["controlled"]
-    assert (hopper.env, hopper.threaded.num_samplers, hopper.threaded.sampler_step_latency_ms[0]) == ("gymnasium/Hopper-v5", 8, 5.0)
+    assert (hopper.env, hopper.num_samplers, hopper.threaded.sampler_step_latency_ms[0]) == ("gymnasium/Hopper-v5", 8, 5.0)
     pendulum = script.settings(script.TASKS["pendulum"], 0.008)["fixed-s6-b16"]
     assert pendulum.threaded.buffer_capacity == 16_384  # issue 42's setting
 

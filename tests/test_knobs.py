@@ -28,6 +28,7 @@ BAD_API_INPUTS = [
     # wrong types
     (lambda: Th(latency_jitter="a"), r"threaded.latency_jitter = 'a' .*must be a number"),
     (lambda: Th(num_samplers=2.0), r"threaded.num_samplers = 2.0 .*integer"),
+    (lambda: pa.Config(mode="threaded", num_samplers=2.0), r"^num_samplers = 2.0 .*integer"),
     (lambda: Th(timeout_s="30"), r"threaded.timeout_s = '30'"),
     (lambda: Th(barrier="yes"), r"threaded.barrier = 'yes'"),
     (lambda: Th(sampler_step_latency_ms=1.0), r"threaded.sampler_step_latency_ms = 1.0 .*sequence"),
@@ -53,12 +54,11 @@ BAD_API_INPUTS = [
     (lambda: pa.Config(lag=Lag(K=8)), r"lag.K = 8 has no effect.*mode='simulated'.*mode='sync'"),
     (lambda: pa.Config(mode="threaded", lag=Lag(K=8)), r"lag.K = 8 has no effect.*mode='threaded'"),
     (lambda: pa.Config(lag=Lag(schedule="uniform")), r"lag.schedule = 'uniform' has no effect"),
-    (lambda: pa.Config(lag=Lag(num_samplers=4)), r"lag.num_samplers = 4 has no effect"),
     (lambda: pa.Config(mode="simulated", lag=Lag(schedule="uniform", K=3)), r"lag.K = 3 .*'uniform' does not read it"),
     (lambda: pa.Config(mode="simulated", lag=Lag(p=0.3)), r"lag.p = 0.3 .*'fixed' does not read it.*'geometric'"),
     (lambda: pa.Config(mode="simulated", lag=Lag(slowdown=8)), r"lag.slowdown = 8 .*'straggler'"),
     (lambda: pa.Config(mode="simulated", lag=Lag(seed=3)), r"lag.seed = 3 .*'geometric', 'uniform'"),
-    (lambda: pa.Config(threaded=Th(num_samplers=4)), r"threaded.num_samplers = 4 has no effect.*mode='sync'"),
+    (lambda: pa.Config(num_samplers=4), r"^num_samplers = 4 has no effect.*mode='sync'"),
     (lambda: pa.Config(mode="simulated", threaded=Th(refresh_lag=3)), r"threaded.refresh_lag = 3 .*mode='simulated'"),
     (lambda: pa.Config(threaded=Th(buffer_capacity=1000)), r"threaded.buffer_capacity = 1000 has no effect"),
     (lambda: pa.Config(mode="threaded", threaded=Th(latency_jitter=0.2)), r"threaded.latency_jitter = 0.2 .*empty"),
@@ -78,16 +78,17 @@ def test_bad_api_input_is_a_config_error_naming_the_field(make, message):
 
 def test_fields_that_act_are_accepted():
     pa.Config(lag=Lag(max_lag=2))  # the stale filter acts in every mode
-    pa.Config(mode="threaded", lag=Lag(max_lag=1), threaded=Th(num_samplers=4, latency_jitter=0.1,
+    pa.Config(mode="threaded", lag=Lag(max_lag=1), num_samplers=4, threaded=Th(latency_jitter=0.1,
                                                                sampler_step_latency_ms=(1.0,) * 4))
-    pa.Config(mode="simulated", lag=Lag(schedule="uniform", low=1, high=3, seed=2, num_samplers=2))
+    pa.Config(mode="simulated", num_samplers=2, lag=Lag(schedule="uniform", low=1, high=3, seed=2))
     pa.Config(ppo=PPO(advantage_estimator="vtrace", rho_bar=2.0, c_bar=0.5))
     pa.Config(run_dir="somewhere", checkpoint_every_steps=5000, keep_checkpoints=1, overwrite=True)
 
 
 BAD_CLI_INPUTS = [
     (["--lag.K", "8"], "--lag.K = 8 has no effect"),  # the CLI names the user's flags (issue 27)
-    (["--threaded.num-samplers", "4"], "--threaded.num-samplers = 4 has no effect"),
+    (["--num-samplers", "4"], "--num-samplers = 4 has no effect"),
+    (["--threaded.refresh-lag", "4"], "--threaded.refresh-lag = 4 has no effect"),
     (["--mode", "simulated", "--lag.schedule", "uniform", "--lag.K", "2"], "--lag.K = 2"),
     (["--ppo.rho-bar", "2.0"], "--ppo.rho-bar = 2.0"),
     (["--mode", "threaded", "--threaded.latency-jitter", "0.5"], "--threaded.latency-jitter = 0.5"),
@@ -130,8 +131,8 @@ def test_sweep_refuses_keys_it_cannot_honour(key, values, needle):
 
 
 def test_sweep_of_threaded_knobs_outside_threaded_mode_is_an_error():
-    with pytest.raises(pa.ConfigError, match="threaded.num_samplers = 4 has no effect.*mode='simulated'"):
-        pa.sweep(pa.Config(**TINY), {"threaded.num_samplers": [4, 2]})
+    with pytest.raises(pa.ConfigError, match="threaded.refresh_lag = 4 has no effect.*mode='simulated'"):
+        pa.sweep(pa.Config(**TINY), {"threaded.refresh_lag": [4, 2]})
 
 
 def test_grid_points_are_set_at_once_in_any_key_order():
@@ -142,7 +143,7 @@ def test_grid_points_are_set_at_once_in_any_key_order():
 
 def test_threaded_sweep_runs_real_threaded_runs_and_reuses_compiles(capsys):
     base = pa.Config(**{**TINY, "total_env_steps": 8 * 64}, mode="threaded")
-    grid = {"threaded.num_samplers": [1, 2], "threaded.refresh_lag": [1, 2]}
+    grid = {"num_samplers": [1, 2], "threaded.refresh_lag": [1, 2]}
     df = pa.sweep(base, grid, seeds=2)
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("sweep run ")]
     assert len(lines) == 8 and lines[0].startswith("sweep run 1/8: config 0") and "final return" in lines[0]
@@ -150,8 +151,8 @@ def test_threaded_sweep_runs_real_threaded_runs_and_reuses_compiles(capsys):
     sizes = df.groupby(list(grid) + ["seed"]).size()
     assert len(sizes) == 8 and set(sizes) == {8}
     # real threaded rows: per-sampler columns, sampler ids within range, the accounting identity
-    two = df[df["threaded.num_samplers"] == 2]
-    assert set(two["sampler_id"]) <= {0, 1} and set(df[df["threaded.num_samplers"] == 1]["sampler_id"]) == {0}
+    two = df[df["num_samplers"] == 2]
+    assert set(two["sampler_id"]) <= {0, 1} and set(df[df["num_samplers"] == 1]["sampler_id"]) == {0}
     assert "sampler_wait_buffer_s" in df.columns and "sampler_forced_refreshes" in df.columns
     ok = df.samples_produced == df.samples_consumed + df.samples_dropped + df.samples_resident
     assert ok.all()
@@ -288,7 +289,7 @@ def test_block_with_max_lag_discards_stale_rollouts_at_the_sampler():
     of being dropped by the learner."""
     config = pa.Config(env="Pendulum-v1", mode="threaded", total_env_steps=4000,
                        rollout=Ro(num_envs=4, num_steps=16), ppo=PPO(num_minibatches=4), lag=Lag(max_lag=1),
-                       threaded=Th(num_samplers=8, buffer_capacity=64, full_policy="block"))
+                       num_samplers=8, threaded=Th(buffer_capacity=64, full_policy="block"))
     rows = pa.train(config).metrics
     last = rows[-1]
     learner_dropped = last["dropped_stale_total"]
@@ -325,7 +326,7 @@ def test_a_sampler_stuck_in_the_env_is_named_in_a_timeout_error(monkeypatch, tmp
     monkeypatch.setattr(threaded.run, "make_threaded_setup", setup_with_a_hanging_env)
     monkeypatch.setattr(threaded.run, "JOIN_TIMEOUT_S", 1.0)
     config = pa.Config(**{**TINY, "total_env_steps": 30 * 64}, mode="threaded", run_dir=str(tmp_path / "r"),
-                       threaded=Th(num_samplers=2, timeout_s=2.0, sampler_step_latency_ms=(0.0, 0.0)))
+                       num_samplers=2, threaded=Th(timeout_s=2.0, sampler_step_latency_ms=(0.0, 0.0)))
     try:
         with pytest.raises(TimeoutError) as info:
             pa.train(config)  # sampler 0 feeds the learner to the end; sampler 1 never comes back

@@ -18,7 +18,6 @@ from ppo_async.core.lag import (
     LagSchedule,
     make_schedule,
     must_force_refresh,
-    num_samplers_of,
     read_schedule,
     schedule_record,
     should_refresh,
@@ -42,21 +41,28 @@ def test_fixed_schedule():
 
 
 def test_fixed_schedule_with_several_samplers_is_round_robin():
-    sched = make_schedule(pa.LagConfig(K=2, num_samplers=3), 7)
+    sched = make_schedule(pa.LagConfig(K=2), 7, num_samplers=3)
     np.testing.assert_array_equal(sched.sampler_id, [0, 1, 2, 0, 1, 2, 0])
     np.testing.assert_array_equal(sched.lag, [2] * 7)
+    # a LagConfig of its own holding the deprecated lag.num_samplers: honoured, with a FutureWarning
+    with pytest.warns(FutureWarning, match=r"lag.num_samplers = 3 is deprecated .*pass num_samplers=3 to make_schedule"):
+        again = make_schedule(pa.LagConfig(K=2, num_samplers=3), 7)
+    np.testing.assert_array_equal(again.sampler_id, sched.sampler_id)
 
 
 def test_per_sampler_schedule_round_robin():
     config = pa.LagConfig(schedule="per_sampler", per_sampler=(0, 2, 5))
-    assert num_samplers_of(config) == 3
-    sched = make_schedule(config, 9)
+    simulated = pa.Config(mode="simulated", lag=config)
+    assert (simulated.num_samplers, simulated.effective_num_samplers) == (None, 3)  # the list's length
+    sched = make_schedule(config, 9)  # (num_samplers None: the list's length too)
     np.testing.assert_array_equal(sched.sampler_id, [0, 1, 2, 0, 1, 2, 0, 1, 2])
     np.testing.assert_array_equal(sched.lag, [0, 2, 5, 0, 2, 5, 0, 2, 5])
     assert sched.ring_size == 6
-    # num_samplers must agree with the list (or be left unset / at 1)
-    with pytest.raises(pa.ConfigError, match="lag.num_samplers"):
-        pa.LagConfig(schedule="per_sampler", per_sampler=(0, 2, 5), num_samplers=2)
+    # num_samplers must agree with the list (or be left unset)
+    assert pa.Config(mode="simulated", lag=config, num_samplers=3).effective_num_samplers == 3
+    with pytest.raises(pa.ConfigError, match=r"lag.per_sampler = \(0, 2, 5\) is invalid: must list one lag per sampler "
+                                             r"\(num_samplers = 2\)"):
+        pa.Config(mode="simulated", lag=config, num_samplers=2)
     with pytest.raises(pa.ConfigError, match="lag.per_sampler"):
         pa.LagConfig(schedule="per_sampler")
 
@@ -96,8 +102,8 @@ def test_geometric_schedule_is_truncated_and_has_the_right_law():
 
 
 def test_straggler_schedule_hand_computed():
-    config = pa.LagConfig(schedule="straggler", fraction=0.5, slowdown=3, num_samplers=4)
-    sched = make_schedule(config, 24)
+    config = pa.LagConfig(schedule="straggler", fraction=0.5, slowdown=3)
+    sched = make_schedule(config, 24, num_samplers=4)
     np.testing.assert_array_equal(sched.sampler_id, np.tile([0, 1, 2, 3], 6))
     # samplers 0 and 1 are slow: they refresh at their rollouts 0, 3, 6, ... so by rollout
     # index r their params are (r % 3) * 4 learner versions old; samplers 2, 3 are always fresh
@@ -230,27 +236,30 @@ def test_read_schedule_errors(tmp_path):
 def test_make_schedule_replay_errors(tmp_path):
     path = tmp_path / "schedule.jsonl"
     write_schedule(path, replay_records())
-    config = pa.LagConfig(schedule="replay", replay_path=str(path), num_samplers=3)
-    sched = make_schedule(config, 6)  # a longer file is truncated to the run
+    config = pa.LagConfig(schedule="replay", replay_path=str(path))
+    sched = make_schedule(config, 6, num_samplers=3)  # a longer file is truncated to the run
     np.testing.assert_array_equal(sched.sampler_id, REPLAY_SAMPLERS[:6])
     np.testing.assert_array_equal(sched.lag, REPLAY_LAGS[:6])
     with pytest.raises(pa.ConfigError) as info:
-        make_schedule(config, 20)
+        make_schedule(config, 20, num_samplers=3)
     assert "holds 8 consumed batches" in str(info.value) and "needs 20 learner iterations" in str(info.value)
-    with pytest.raises(pa.ConfigError, match="lag.num_samplers = 2 .* names sampler 2"):
-        make_schedule(pa.LagConfig(schedule="replay", replay_path=str(path), num_samplers=2), 8)
+    with pytest.raises(pa.ConfigError, match=r"num_samplers = 2 is invalid: the replayed schedule .* names sampler 2"):
+        make_schedule(config, 8, num_samplers=2)
+    missing = pa.LagConfig(schedule="replay", replay_path=str(tmp_path / "nope.jsonl"))
     with pytest.raises(pa.ConfigError, match="no such file"):
-        make_schedule(pa.LagConfig(schedule="replay", replay_path=str(tmp_path / "nope.jsonl")), 8)
-    with pytest.raises(pa.ConfigError, match="no such file"):
-        num_samplers_of(pa.LagConfig(schedule="replay", replay_path=str(tmp_path / "nope.jsonl")))
-    # lag.num_samplers left unset: the file's samplers (largest sampler_id + 1), re-read when the file changes
-    unset = pa.LagConfig(schedule="replay", replay_path=str(path))
-    assert unset.num_samplers is None and num_samplers_of(unset) == 3 == max(REPLAY_SAMPLERS) + 1
-    np.testing.assert_array_equal(make_schedule(unset, 8).sampler_id, REPLAY_SAMPLERS)
+        make_schedule(missing, 8)
+    with pytest.raises(pa.ConfigError, match="lag.replay_path = .*no such file"):
+        pa.Config(mode="simulated", lag=missing).effective_num_samplers  # read when asked (the config itself builds)
+    # num_samplers left unset: the file's samplers (largest sampler_id + 1), re-read when the file changes
+    unset = pa.Config(mode="simulated", lag=config)
+    assert unset.num_samplers is None and unset.effective_num_samplers == 3 == max(REPLAY_SAMPLERS) + 1
+    np.testing.assert_array_equal(make_schedule(config, 8).sampler_id, REPLAY_SAMPLERS)
     write_schedule(path, [dict(r, sampler_id=5) if i == 0 else r for i, r in enumerate(replay_records())] + [
         {"iteration": 9, "sampler_id": 0, "lag": 0}])
-    assert num_samplers_of(unset) == 6
-    assert num_samplers_of(pa.LagConfig(num_samplers=4)) == 4 and num_samplers_of(pa.LagConfig()) == 1
+    assert unset.effective_num_samplers == 6
+    assert unset.replace(num_samplers=7).effective_num_samplers == 7
+    assert pa.Config(mode="simulated", num_samplers=4).effective_num_samplers == 4
+    assert pa.Config(mode="simulated").effective_num_samplers == 1
     with pytest.raises(pa.ConfigError, match="lag.replay_path"):
         pa.LagConfig(schedule="replay")
 
@@ -329,7 +338,7 @@ def test_train_rejects_a_replay_file_shorter_than_the_run(tmp_path):
     path = tmp_path / "short.jsonl"
     write_schedule(path, replay_records()[:5])
     config = pa.Config(
-        mode="simulated", lag=pa.LagConfig(schedule="replay", replay_path=str(path), num_samplers=3), **TINY
+        mode="simulated", num_samplers=3, lag=pa.LagConfig(schedule="replay", replay_path=str(path)), **TINY
     )
     with pytest.raises(pa.ConfigError, match="holds 5 consumed batches .* needs 8 learner iterations"):
         pa.train(config)

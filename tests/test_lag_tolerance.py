@@ -37,7 +37,7 @@ def cell_config(env: str, correction: str, k: int, suite: str = "mujoco"):
 def test_each_cell_is_the_barrier_run_with_its_lag_and_correction():
     barrier = cell_config(HOPPER, "-", 0)
     assert barrier == bm.run_config(bm.resolve_plan("mujoco", envs=[HOPPER], modes=["barrier"]), HOPPER, "barrier", 0, None)
-    assert (barrier.mode, barrier.threaded.barrier, barrier.threaded.num_samplers, barrier.lag.K) == ("threaded", True, 1, 0)
+    assert (barrier.mode, barrier.threaded.barrier, barrier.num_samplers, barrier.lag.K) == ("threaded", True, 1, 0)
     assert cell_config(HOPPER, "ppo", 4) == replace_paths(barrier, {"lag.K": 4, "ppo.clip_eps": 0.2})
     assert cell_config(HOPPER, "dual-clip", 2) == replace_paths(barrier, {"lag.K": 2, "ppo.dual_clip": 3.0})
     assert cell_config(HOPPER, "vtrace", 8) == replace_paths(barrier, {"lag.K": 8, "ppo.advantage_estimator": "vtrace"})

@@ -95,7 +95,7 @@ def test_threaded_samplers_receive_statistics_and_parameters_of_one_version(monk
         return real(self)
 
     monkeypatch.setattr(sampler_module.Sampler, "make", spy)
-    config = dataclasses.replace(CONFIG, env=env, mode="threaded", threaded=pa.ThreadedConfig(num_samplers=2))
+    config = dataclasses.replace(CONFIG, env=env, mode="threaded", num_samplers=2)
     result = pa.train(config)
     assert len(result.metrics) == config.num_iterations and len(seen) >= config.num_iterations
     assert len({v for v, _, _ in seen}) >= 2  # the samplers refreshed

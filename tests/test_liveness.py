@@ -129,7 +129,7 @@ def finish_within(seconds: float, fn):
 def host_config(num_samplers: int, timeout_s: float, iterations: int, num_steps: int = 8) -> pa.Config:
     return pa.Config(env="gymnasium/Pendulum-v1", mode="threaded", total_env_steps=4 * num_steps * iterations,
                      rollout=pa.RolloutConfig(num_envs=4, num_steps=num_steps),
-                     threaded=ThreadedConfig(num_samplers=num_samplers, timeout_s=timeout_s), **SMALL)
+                     num_samplers=num_samplers, threaded=ThreadedConfig(timeout_s=timeout_s), **SMALL)
 
 
 def sampler_threads() -> list[threading.Thread]:
@@ -156,7 +156,7 @@ def test_a_jax_sampler_with_a_long_simulated_latency_is_alive():
     """100 ms per env step x 16 steps after each compiled rollout: >= 1.6 s per chunk against
     timeout_s = 0.3; the latency is slept in beating slices, so the run ends."""
     config = pa.Config(mode="threaded", total_env_steps=2 * 128, rollout=pa.RolloutConfig(num_envs=8, num_steps=16),
-                       threaded=ThreadedConfig(num_samplers=1, timeout_s=0.3, sampler_step_latency_ms=(100.0,)),
+                       num_samplers=1, threaded=ThreadedConfig(timeout_s=0.3, sampler_step_latency_ms=(100.0,)),
                        **SMALL)
     rows = finish_within(HANG_GUARD_S, lambda: pa.train(config)).metrics
     assert [r["iteration"] for r in rows] == [1, 2]
@@ -201,7 +201,7 @@ def test_threads_waiting_for_each_other_stop_the_run(monkeypatch):
 
     monkeypatch.setattr(RingBuffer, "put", never)
     config = pa.Config(mode="threaded", total_env_steps=1000 * 128, rollout=pa.RolloutConfig(num_envs=8, num_steps=16),
-                       threaded=ThreadedConfig(num_samplers=1, timeout_s=0.5), **SMALL)
+                       num_samplers=1, threaded=ThreadedConfig(timeout_s=0.5), **SMALL)
     with pytest.raises(StalledThread, match=r"the threads wait for each other: no thread made progress") as caught:
         finish_within(HANG_GUARD_S, lambda: pa.train(config))
     assert "sampler-0 waiting in put" in str(caught.value) and "learner waiting in data" in str(caught.value)
@@ -211,6 +211,6 @@ def test_threads_waiting_for_each_other_stop_the_run(monkeypatch):
 def test_a_sampler_thread_that_ended_stops_the_run(monkeypatch):
     monkeypatch.setattr(threaded_module.sampler.Sampler, "run", lambda self: None)  # (a bug: it ends silently)
     config = pa.Config(mode="threaded", total_env_steps=1000 * 128, rollout=pa.RolloutConfig(num_envs=8, num_steps=16),
-                       threaded=ThreadedConfig(num_samplers=2, timeout_s=0.5), **SMALL)
+                       num_samplers=2, threaded=ThreadedConfig(timeout_s=0.5), **SMALL)
     with pytest.raises(StalledThread, match=r"thread sampler-0 ended while the run was going on"):
         finish_within(HANG_GUARD_S, lambda: pa.train(config))

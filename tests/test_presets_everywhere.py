@@ -65,12 +65,12 @@ def test_pa_train_and_train_cli_write_the_same_config_json(tmp_path, cli_main):
     """The written config.json, end to end (a tiny gymnasium run: the family whose preset and
     mode a Python user used to miss)."""
     small = ["--total-env-steps", "2048", "--rollout.num-envs", "2", "--rollout.num-steps", "64",
-             "--ppo.num-minibatches", "2", "--ppo.num-epochs", "1", "--threaded.num-samplers", "1"]
+             "--ppo.num-minibatches", "2", "--ppo.num-epochs", "1", "--num-samplers", "1"]
     out = cli_main(["train", "--env", "gymnasium/Pendulum-v1", "--run-dir", str(tmp_path / "cli"), "--quiet", *small])
     assert out.returncode == 0, out.stderr
     pa.train(pa.Config(env="gymnasium/Pendulum-v1", run_dir=str(tmp_path / "py"), total_env_steps=2048,
                        rollout=pa.RolloutConfig(num_envs=2, num_steps=64), ppo=pa.PPOConfig(num_minibatches=2, num_epochs=1),
-                       threaded=pa.ThreadedConfig(num_samplers=1)))
+                       num_samplers=1))
     written = [json.loads((tmp_path / name / "config.json").read_text()) for name in ("cli", "py")]
     for data in written:
         data.pop("run_dir")

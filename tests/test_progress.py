@@ -240,7 +240,7 @@ def test_tune_prints_its_overall_progress_after_each_setting(monkeypatch, capsys
     monkeypatch.setattr(tune, "run_measurements", lambda df, warmup: measures)
     monkeypatch.setattr(tune, "write_schedule", lambda path, records: None)
     base = pa.Config(mode="threaded", total_env_steps=128 * 10, rollout=pa.RolloutConfig(num_envs=8, num_steps=16),
-                     threaded=pa.ThreadedConfig(num_samplers=2, buffer_capacity=4 * 128))
+                     num_samplers=2, threaded=pa.ThreadedConfig(buffer_capacity=4 * 128))
     tuner = tune._Tuner(base, 0.02, 128 * 10, seeds=1, out=None, progress=True)
     tuner.plan(max_samplers=2, batch_factors=1)
     assert tuner.most == 3 * 2 + 2 + 1 + tune.VERIFY_TRIES

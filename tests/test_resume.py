@@ -49,8 +49,8 @@ def test_config_fields_are_validated():
 
 def test_simulated_resume_is_exact_and_checkpoints_hold_the_run(tmp_path):
     """Two seeds, emulated lag 2: interrupted after iteration 5 (checkpoint at 4), resumed."""
-    lag = LagConfig(schedule="fixed", K=2, num_samplers=2)
-    ref = train(tiny(tmp_path / "a", mode="simulated", num_seeds=2, lag=lag, checkpoint_every_steps=2 * 64))
+    lag = LagConfig(schedule="fixed", K=2)
+    ref = train(tiny(tmp_path / "a", mode="simulated", num_seeds=2, num_samplers=2, lag=lag, checkpoint_every_steps=2 * 64))
     with Checkpointer(tmp_path / "a" / "checkpoints") as ckpt:
         assert ckpt.all_steps() == [2, 4, 6]
     assert os.path.isfile(tmp_path / "a" / "learning_curve.png")
@@ -60,14 +60,14 @@ def test_simulated_resume_is_exact_and_checkpoints_hold_the_run(tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        train(tiny(tmp_path / "b", mode="simulated", num_seeds=2, lag=lag, checkpoint_every_steps=2 * 64),
+        train(tiny(tmp_path / "b", mode="simulated", num_seeds=2, num_samplers=2, lag=lag, checkpoint_every_steps=2 * 64),
               on_iteration=stop_at_5)
     assert len(read_jsonl(tmp_path / "b" / "metrics.jsonl")) == 10  # iterations 1..5, 2 seeds
     with Checkpointer(tmp_path / "b" / "checkpoints") as ckpt:
         assert ckpt.latest_step() == 4
         _, meta = ckpt.restore(ckpt_state_like(tmp_path / "b"))
     assert meta["iteration"] == 4 and meta["samples_consumed"] == [4 * 64, 4 * 64]
-    assert meta["config"]["lag"]["K"] == 2
+    assert (meta["config"]["lag"]["K"], meta["config"]["num_samplers"]) == (2, 2)
 
     seen = []
     result = resume(str(tmp_path / "b"), on_iteration=lambda rows: seen.append(rows[0]["iteration"]))

@@ -120,8 +120,8 @@ def test_reward_clip_without_normalisation_is_an_error_and_gamma_becomes_static(
 
 LAGGED = {
     "simulated": dict(env="Pendulum-v1", mode="simulated", lag=pa.LagConfig(K=2)),
-    "threaded": dict(env="Pendulum-v1", mode="threaded", threaded=pa.ThreadedConfig(num_samplers=2)),
-    "threaded-host": dict(env="gymnasium/Pendulum-v1", mode="threaded", threaded=pa.ThreadedConfig(num_samplers=2)),
+    "threaded": dict(env="Pendulum-v1", mode="threaded", num_samplers=2),
+    "threaded-host": dict(env="gymnasium/Pendulum-v1", mode="threaded", num_samplers=2),
 }
 
 

@@ -172,7 +172,7 @@ def test_per_lag_breakdown(fixed3):
 def test_ring_holds_past_params_and_samplers_step_only_their_envs():
     """Step a 3-sampler fixed(3) program by hand: the ring holds versions v-3..v, only the
     consumed sampler's envs move, and the jitted step never retraces across hparams/schedules."""
-    config = tiny(mode="simulated", lag=pa.LagConfig(K=3, num_samplers=3), total_env_steps=BATCH * 6)
+    config = tiny(mode="simulated", num_samplers=3, lag=pa.LagConfig(K=3), total_env_steps=BATCH * 6)
     program, schedule = simulated_setup(config)
     assert (program.num_samplers, program.ring_size) == (3, 4)
     step = jax.jit(chex.assert_max_traces(program.iteration, n=1))
@@ -197,7 +197,7 @@ def test_ring_holds_past_params_and_samplers_step_only_their_envs():
             assert same == (s != i % 3), (i, s)
     # other traced hyperparameters and another schedule with the same ring: no retrace
     other_h = hparams._replace(clip_eps=jnp.float32(0.1), dual_clip=jnp.float32(3.0))
-    other_s = schedule_arrays(pa.make_schedule(pa.LagConfig(schedule="uniform", low=0, high=3, num_samplers=3, seed=1), 6))
+    other_s = schedule_arrays(pa.make_schedule(pa.LagConfig(schedule="uniform", low=0, high=3, seed=1), 6, num_samplers=3))
     state, metrics = step(jax.jit(program.init)(jax.random.PRNGKey(1)), other_h, other_s)
     assert int(metrics["sampler_id"]) == 0 and int(state.train_state.version) == 1
     # the guard is live: a different ring size is a new shape, so the step would retrace
@@ -207,7 +207,7 @@ def test_ring_holds_past_params_and_samplers_step_only_their_envs():
 
 
 def test_samplers_have_distinct_env_seeds():
-    config = tiny(mode="simulated", lag=pa.LagConfig(num_samplers=3))
+    config = tiny(mode="simulated", num_samplers=3)
     program = make_simulated_program(config, ring_size=1)
     state = jax.jit(program.init)(jax.random.PRNGKey(4))
     obs = np.asarray(state.env_states.obs)

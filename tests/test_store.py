@@ -124,7 +124,9 @@ def test_a_published_benchmark_resumes_skipping_every_run(source, tmp_path, monk
 @pytest.mark.parametrize("source", sorted(os.path.dirname(p) for p in glob.glob(
     os.path.join(PUBLISHED, "**", "tune.json"), recursive=True)), ids=lambda p: os.path.relpath(p, PUBLISHED))
 def test_a_published_tune_resumes_skipping_every_measured_setting(source, tmp_path, monkeypatch):
-    """A tune.json written before config fields were added resumes: they count as their defaults."""
+    """A tune.json written before config fields were added resumes: they count as their defaults;
+    its settings recorded before the one num_samplers (`threaded.num_samplers` in each row and
+    key) are today's settings of `num_samplers`, its files left as they are."""
     from ppo_async.study import tune
 
     names = ("tune.json", "measurements.jsonl")
@@ -132,7 +134,10 @@ def test_a_published_tune_resumes_skipping_every_measured_setting(source, tmp_pa
     recorded = store.read_spec(str(tmp_path / "tune.json"))
     config = config_from_dict(recorded["config"])
     tuner = tune._Tuner(config, recorded["kl_target"], recorded["budget_per_run"], recorded["seeds"], str(tmp_path), False)
-    rows = [json.loads(line) for line in before["measurements.jsonl"].decode().splitlines() if line.strip()]
+    recorded_rows = [json.loads(line) for line in before["measurements.jsonl"].decode().splitlines() if line.strip()]
+    assert any("threaded.num_samplers" in row for row in recorded_rows)  # (written before the one num_samplers)
+    today = lambda data: {"num_samplers" if k == "threaded.num_samplers" else k: v for k, v in data.items()}  # noqa: E731
+    rows = [{**today(row), "key": json.dumps(today(json.loads(row["key"])), sort_keys=True)} for row in recorded_rows]
     assert set(tuner.done) == {r["key"] for r in rows}
     monkeypatch.setattr(tune, "train", lambda *a, **k: pytest.fail("a measured setting was run again"))
     for row in rows:

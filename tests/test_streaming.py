@@ -24,7 +24,7 @@ def test_sigkilled_threaded_run_keeps_its_schedule_and_the_prefix_replays(tmp_pa
     run_dir = tmp_path / "killed"
     args = ["train", "--mode", "threaded", "--env", "Pendulum-v1",
             "--rollout.num-envs", "4", "--rollout.num-steps", "16", "--ppo.num-minibatches", "2", "--ppo.num-epochs", "1",
-            "--network.actor-hidden", "16", "--network.critic-hidden", "16", "--threaded.num-samplers", "2",
+            "--network.actor-hidden", "16", "--network.critic-hidden", "16", "--num-samplers", "2",
             "--total-env-steps", str(iterations * 64), "--run-dir", str(run_dir), "--quiet"]
     schedule = run_dir / "version_schedule.jsonl"
     sigkill_train_when(args, lambda: schedule.is_file() and len(schedule.read_text().splitlines()) >= 10)
@@ -47,7 +47,7 @@ def test_sigkilled_threaded_run_keeps_its_schedule_and_the_prefix_replays(tmp_pa
 def test_a_slow_logger_holds_the_queue_at_its_bound_and_loses_nothing(tmp_path):
     iterations = 40
     config = pa.Config(mode="threaded", total_env_steps=iterations * 64, run_dir=str(tmp_path / "slow"),
-                       threaded=pa.ThreadedConfig(num_samplers=2), **SMALL)
+                       num_samplers=2, **SMALL)
     result = pa.train(config, on_iteration=lambda rows: time.sleep(0.05))  # ~10x slower than the learner
     assert result.extras["log_queue_max"] == threaded_module.LOG_QUEUE_SIZE  # it filled up, and no further
     assert [r["iteration"] for r in result.metrics] == list(range(1, iterations + 1))
@@ -72,7 +72,7 @@ def test_queued_iterations_carry_a_train_state_only_when_the_logger_needs_it(mon
 
     monkeypatch.setattr(threaded_module.learner, "put_for_logger", spy)
     config = pa.Config(mode="threaded", total_env_steps=12 * 64, eval_every_steps=5 * 64, eval_episodes=1,
-                       threaded=pa.ThreadedConfig(num_samplers=2), **SMALL)
+                       num_samplers=2, **SMALL)
     pa.train(config)
     assert [i for i, with_state in held if with_state] == [5, 10, 12]  # evaluations and the last iteration
 
@@ -81,7 +81,7 @@ def test_a_buffer_too_big_for_the_device_is_a_config_error():
     import jax
     import jax.numpy as jnp
 
-    config = pa.Config(mode="threaded", total_env_steps=4 * 64, threaded=pa.ThreadedConfig(num_samplers=2), **SMALL)
+    config = pa.Config(mode="threaded", total_env_steps=4 * 64, num_samplers=2, **SMALL)
 
     class SmallDevice:
         def memory_stats(self):

@@ -169,7 +169,7 @@ def test_static_key_groups_traced_fields_together():
     assert len({static_key(cfg) for _, cfg in points}) == 1
     assert all(cfg.mode == "simulated" and cfg.num_seeds == 1 and cfg.run_dir is None for _, cfg in points)
     split = expand_grid(BASE, {"rollout.num_steps": [16, 32], "ppo.advantage_estimator": ["gae", "vtrace"],
-                               "lag.num_samplers": [1, 2]})
+                               "num_samplers": [1, 2]})
     assert len({static_key(cfg) for _, cfg in split}) == 8
 
 

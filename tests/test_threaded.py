@@ -27,9 +27,10 @@ SMALL = dict(
 
 
 def small(**kw) -> pa.Config:
-    threaded = kw.pop("threaded", ThreadedConfig(num_samplers=4, sampler_step_latency_ms=(0.2, 0.2, 0.2, 1.0)))
+    if "threaded" not in kw:
+        kw.update(num_samplers=4, threaded=ThreadedConfig(sampler_step_latency_ms=(0.2, 0.2, 0.2, 1.0)))
     kw.setdefault("total_env_steps", 128 * 30)
-    return pa.Config(mode="threaded", threaded=threaded, **SMALL, **kw)
+    return pa.Config(mode="threaded", **SMALL, **kw)
 
 
 def sampler_threads() -> list[str]:
@@ -76,7 +77,7 @@ def test_version_schedule_is_written_and_replays_in_simulated_mode(run):
     np.testing.assert_array_equal(schedule.sampler_id, [r["sampler_id"] for r in result.metrics])
     replay = pa.Config(
         mode="simulated", total_env_steps=128 * 30, **SMALL,
-        lag=pa.LagConfig(schedule="replay", replay_path=str(run_dir / "version_schedule.jsonl"), num_samplers=4),
+        num_samplers=4, lag=pa.LagConfig(schedule="replay", replay_path=str(run_dir / "version_schedule.jsonl")),
     )
     sim = pa.train(replay).to_dataframe()
     np.testing.assert_array_equal(sim.sampler_id, schedule.sampler_id)
@@ -140,7 +141,7 @@ def test_a_learner_that_raises_stops_the_run_with_its_traceback_within_5s(monkey
 def test_barrier_batches_hold_one_fresh_rollout_from_every_sampler():
     config = small(
         total_env_steps=3 * 128 * 6,
-        threaded=ThreadedConfig(num_samplers=3, barrier=True, sampler_step_latency_ms=(0.2, 0.2, 1.0)),
+        num_samplers=3, threaded=ThreadedConfig(barrier=True, sampler_step_latency_ms=(0.2, 0.2, 1.0)),
     )
     rows = pa.train(config).metrics
     assert len(rows) == 6
@@ -158,7 +159,7 @@ def test_max_lag_forces_refreshes_and_filters_stale_samples():
     config = small(
         total_env_steps=128 * 20,
         lag=pa.LagConfig(max_lag=0),
-        threaded=ThreadedConfig(num_samplers=4, buffer_capacity=8 * 128, full_policy="overwrite_oldest"),
+        num_samplers=4, threaded=ThreadedConfig(buffer_capacity=8 * 128, full_policy="overwrite_oldest"),
     )
     rows = pa.train(config).metrics
     last = rows[-1]
@@ -181,7 +182,7 @@ def test_ctrl_c_stops_every_thread_and_keeps_what_was_done(tmp_path, time_bound)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "ppo_async", "train", "--mode", "threaded", "--quiet", "--run-dir", str(run_dir),
-         "--total-env-steps", "10000000", "--threaded.num-samplers", "3",
+         "--total-env-steps", "10000000", "--num-samplers", "3",
          "--threaded.sampler-step-latency-ms", "0.5", "0.5", "2"],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -209,7 +210,7 @@ def test_nan_from_the_env_raises_in_the_learner_and_stops_the_samplers(nan_rewar
 
 
 def test_threaded_config_errors_name_the_field():
-    with pytest.raises(pa.ConfigError, match="threaded.sampler_step_latency_ms"):
-        ThreadedConfig(num_samplers=2, sampler_step_latency_ms=(1.0,))
+    with pytest.raises(pa.ConfigError, match=r"threaded.sampler_step_latency_ms = \(1.0,\) .*num_samplers = 2"):
+        small(num_samplers=2, threaded=ThreadedConfig(sampler_step_latency_ms=(1.0,)))
     with pytest.raises(pa.ConfigError, match="num_seeds"):
         pa.train(small(num_seeds=2))

@@ -47,9 +47,8 @@ BATCH = 4 * 16 * SAMPLERS
 def barrier_config(env: str = "gymnasium/Pendulum-v1", lag: pa.LagConfig | None = None, iterations: int = ITERATIONS,
                    **threaded) -> pa.Config:
     """A tiny threaded barrier config of `SAMPLERS` samplers with `lag` (default: the barrier's lag 0)."""
-    threaded = dict(num_samplers=SAMPLERS, barrier=True, **threaded)
-    return pa.Config(env=env, mode="threaded", total_env_steps=BATCH * iterations, lag=lag or pa.LagConfig(),
-                     threaded=ThreadedConfig(**threaded), **SMALL)
+    return pa.Config(env=env, mode="threaded", num_samplers=SAMPLERS, total_env_steps=BATCH * iterations,
+                     lag=lag or pa.LagConfig(), threaded=ThreadedConfig(barrier=True, **threaded), **SMALL)
 
 
 def versions_by_iteration(records: list[dict]) -> dict[int, list[int]]:
@@ -125,7 +124,7 @@ def test_replay_tables_broadcast_one_record_or_give_one_per_sampler(tmp_path):
     with pytest.raises(pa.ConfigError, match=r"lag.replay_path = .*hold 2 records each.*num_samplers = 3"):
         read_chunk_lags(two, 3)
     # the simulated mode refuses the two-per-iteration file and says what replays it
-    with pytest.raises(pa.ConfigError, match=r"threaded barrier run with threaded.num_samplers = 2"):
+    with pytest.raises(pa.ConfigError, match=r"threaded barrier run with num_samplers = 2"):
         read_schedule(two)
 
 
@@ -248,7 +247,7 @@ def test_a_recorded_threaded_schedule_replays_its_versions(fixed_k, tmp_path):
     # iteration's recorded version for every sampler of the barrier run
     async_dir = tmp_path / "async"
     pa.train(pa.Config(env="gymnasium/Pendulum-v1", mode="threaded", total_env_steps=64 * ITERATIONS, run_dir=str(async_dir),
-                       threaded=ThreadedConfig(num_samplers=3), **SMALL))
+                       num_samplers=3, **SMALL))
     records = pa.read_jsonl(async_dir / "version_schedule.jsonl")
     replay = pa.train(barrier_config(lag=pa.LagConfig(schedule="replay", replay_path=str(async_dir / "version_schedule.jsonl"))))
     assert versions_by_iteration(replay.extras["version_schedule"]) == {
@@ -316,8 +315,7 @@ def test_where_lag_fields_act_and_where_they_are_errors():
         for lag in (pa.LagConfig(K=2), pa.LagConfig(schedule="uniform", low=1, high=3, seed=2),
                     pa.LagConfig(schedule="geometric", p=0.5, high=3), pa.LagConfig(schedule="straggler", fraction=0.5),
                     pa.LagConfig(schedule="per_sampler", per_sampler=(0, 2)),
-                    pa.LagConfig(schedule="replay", replay_path="anything.jsonl"),
-                    pa.LagConfig(K=1, num_samplers=SAMPLERS)):
+                    pa.LagConfig(schedule="replay", replay_path="anything.jsonl")):
             assert barrier_config(env, lag).lag == lag
     # an error where they would do nothing
     message = one_line_error(lambda: pa.Config(env="gymnasium/Pendulum-v1", lag=pa.LagConfig(K=2)), "lag.K = 2")
@@ -325,7 +323,9 @@ def test_where_lag_fields_act_and_where_they_are_errors():
     one_line_error(lambda: pa.Config(env="Pendulum-v1", mode="sync", lag=pa.LagConfig(K=2)), "lag.K = 2")
     one_line_error(lambda: pa.Config(env="gymnasium/Pendulum-v1", lag=pa.LagConfig(schedule="uniform")), "lag.schedule")
     one_line_error(lambda: barrier_config(lag=pa.LagConfig(schedule="uniform", K=2)), "lag.K = 2")
-    one_line_error(lambda: barrier_config(lag=pa.LagConfig(num_samplers=3)), "lag.num_samplers = 3")
+    # (lag.num_samplers, a deprecated spelling of num_samplers: two spellings, two values)
+    one_line_error(lambda: barrier_config(lag=pa.LagConfig(num_samplers=3)), "lag.num_samplers = 3 is invalid: "
+                   "num_samplers = 2 is set too")
     one_line_error(lambda: barrier_config(lag=pa.LagConfig(schedule="per_sampler", per_sampler=(1, 2, 3))),
                    "lag.per_sampler")
     # the stale filter still acts everywhere

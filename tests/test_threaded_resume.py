@@ -42,7 +42,7 @@ ITERATIONS = 40
 CLI_ARGS = ["train", "--mode", "threaded", "--env", "Pendulum-v1", "--quiet", "--total-env-steps", str(ITERATIONS * BATCH),
             "--checkpoint-every-steps", str(BATCH), "--rollout.num-envs", "8", "--rollout.num-steps", "16", "--ppo.num-epochs", "1",
             "--ppo.num-minibatches", "2", "--network.actor-hidden", "16", "--network.critic-hidden", "16",
-            "--threaded.num-samplers", "2", "--threaded.sampler-step-latency-ms", "2", "2"]
+            "--num-samplers", "2", "--threaded.sampler-step-latency-ms", "2", "2"]
 
 
 class Stop(Exception):
@@ -58,8 +58,8 @@ def stop_at(iteration: int):
 
 
 def small(run_dir, iterations: int, **kw) -> pa.Config:
-    threaded = kw.pop("threaded", ThreadedConfig(num_samplers=2))
-    return pa.Config(mode="threaded", threaded=threaded, total_env_steps=iterations * BATCH, run_dir=str(run_dir),
+    kw.setdefault("num_samplers", 2)
+    return pa.Config(mode="threaded", total_env_steps=iterations * BATCH, run_dir=str(run_dir),
                      checkpoint_every_steps=2 * BATCH, **SMALL, **kw)
 
 
@@ -145,7 +145,7 @@ def test_resume_restores_the_learner_exactly(tmp_path, monkeypatch):
         return real_mode_state(state, row)
 
     monkeypatch.setattr(threaded_module.run, "mode_state", spy_mode_state)
-    config = small(tmp_path / "r", iterations=7, threaded=ThreadedConfig(num_samplers=2, kl_target=1e-6, kl_window=1))
+    config = small(tmp_path / "r", iterations=7, num_samplers=2, threaded=ThreadedConfig(kl_target=1e-6, kl_window=1))
     with pytest.raises(Stop):
         pa.train(config, on_iteration=stop_at(5))
     assert checkpoint_steps(tmp_path / "r") == [2, 4]
@@ -176,7 +176,7 @@ def test_resume_restores_the_learner_exactly(tmp_path, monkeypatch):
 def test_a_host_env_run_resumes_and_a_complete_one_says_so(tmp_path):
     config = pa.Config(env="gymnasium/Pendulum-v1", mode="threaded", total_env_steps=6 * 32, run_dir=str(tmp_path / "h"),
                        checkpoint_every_steps=2 * 32, rollout=pa.RolloutConfig(num_envs=4, num_steps=8),
-                       threaded=ThreadedConfig(num_samplers=2), ppo=SMALL["ppo"], network=SMALL["network"])
+                       num_samplers=2, ppo=SMALL["ppo"], network=SMALL["network"])
     with pytest.raises(Stop):
         pa.train(config, on_iteration=stop_at(3))
     rows = pa.resume(str(tmp_path / "h")).metrics

@@ -84,11 +84,14 @@ def test_markdown_table():
 
 def test_start_config_and_bad_inputs():
     config, filled = start_config({"rollout": {"num_envs": 8}})
-    assert config.mode == "threaded" and config.threaded.num_samplers == 4
+    assert config.mode == "threaded" and config.num_samplers == 4
     assert config.threaded.buffer_capacity == 16 * 8 * 64
-    assert filled == {"threaded.num_samplers": 4, "threaded.buffer_capacity": 16 * 8 * 64}
-    config, filled = start_config({"threaded": {"num_samplers": 2}}, env="CartPole-v1")
-    assert (config.env, config.threaded.num_samplers) == ("CartPole-v1", 2) and "threaded.num_samplers" not in filled
+    assert filled == {"num_samplers": 4, "threaded.buffer_capacity": 16 * 8 * 64}
+    config, filled = start_config({"num_samplers": 2}, env="CartPole-v1")
+    assert (config.env, config.num_samplers) == ("CartPole-v1", 2) and "num_samplers" not in filled
+    with pytest.warns(FutureWarning, match=r"threaded.num_samplers = 3 is deprecated"):  # a file in the old spelling
+        config, filled = start_config({"threaded": {"num_samplers": 3}})
+    assert config.num_samplers == 3 and "num_samplers" not in filled
     with pytest.raises(ConfigError, match="mode = 'sync' is invalid for tune"):
         start_config({"mode": "sync"})
     threaded = pa.Config(mode="threaded")
@@ -107,7 +110,7 @@ def small_config():
     return pa.Config(
         mode="threaded", total_env_steps=128 * 10, rollout=pa.RolloutConfig(num_envs=8, num_steps=16),
         ppo=pa.PPOConfig(num_epochs=2, num_minibatches=2),
-        threaded=ThreadedConfig(num_samplers=2, buffer_capacity=4 * 128),
+        num_samplers=2, threaded=ThreadedConfig(buffer_capacity=4 * 128),
     )
 
 
@@ -119,15 +122,15 @@ def test_tune_end_to_end_writes_everything_and_resumes(tmp_path, monkeypatch):
     first, second, third, fourth = result.steps
     # step 1: KL under a target of 1.0 at once: the starting setting is kept
     assert [r["buffer_chunks"] for r in first.rows] == [4]
-    assert first.choice == {"threaded.num_samplers": 2, "threaded.buffer_capacity": 512}
+    assert first.choice == {"num_samplers": 2, "threaded.buffer_capacity": 512}
     # step 2: 1..max_samplers measured, the knee follows the rule
     assert [r["num_samplers"] for r in second.rows] == [1, 2]
     assert result.knee == knee_of(second.rows, 1.0)[0]
-    assert second.choice["threaded.num_samplers"] == result.knee
+    assert second.choice["num_samplers"] == result.knee
     # step 3: the knee and one bigger batch; step 4: the two replayed clip values
     assert len(third.rows) == 2 and third.rows[1]["rollout.num_envs"] == 16
     assert [r["ppo.clip_eps"] for r in fourth.rows] == [0.1, 0.3] and set(fourth.choice) == {"ppo.clip_eps"}
-    assert result.config.threaded.num_samplers == result.knee and result.config.run_dir is None
+    assert result.config.num_samplers == result.knee and result.config.run_dir is None
     for name in ("report.md", "knee.png", "kl_vs_buffer.png", "chosen_config.json", "measurements.jsonl", "tune.json"):
         assert (out / name).stat().st_size > 0, name
     report = (out / "report.md").read_text()
@@ -192,10 +195,10 @@ def test_threaded_ties_go_to_fewer_samplers_then_a_shorter_buffer():
     from ppo_async.study.tune_rules import THREADED_TIE_RULE, best_under_target, threaded_cost
 
     cost = threaded_cost(4, 16 * 1024, 16, 64)
-    table = [{"threaded.num_samplers": 4, "threaded.buffer_capacity": 8192, "approx_kl_mean": 0.01, "rate": 900.0},
-             {"threaded.num_samplers": 2, "threaded.buffer_capacity": 8192, "approx_kl_mean": 0.01, "rate": 900.0},
-             {"threaded.num_samplers": 2, "threaded.buffer_capacity": 2048, "approx_kl_mean": 0.01, "rate": 900.0},
-             {"threaded.num_samplers": 1, "threaded.buffer_capacity": 1024, "approx_kl_mean": 0.05, "rate": 950.0}]
+    table = [{"num_samplers": 4, "threaded.buffer_capacity": 8192, "approx_kl_mean": 0.01, "rate": 900.0},
+             {"num_samplers": 2, "threaded.buffer_capacity": 8192, "approx_kl_mean": 0.01, "rate": 900.0},
+             {"num_samplers": 2, "threaded.buffer_capacity": 2048, "approx_kl_mean": 0.01, "rate": 900.0},
+             {"num_samplers": 1, "threaded.buffer_capacity": 1024, "approx_kl_mean": 0.05, "rate": 950.0}]
     assert best_under_target(table, 0.02, "rate", cost) == (2, True)
     assert best_under_target(table, 0.001, "rate", cost) == (2, False)  # none under: the lowest KL, then the cheaper
     assert "fewer samplers" in THREADED_TIE_RULE

@@ -99,7 +99,7 @@ def file_config(path: str, data: dict) -> Config:
     context allows)."""
     try:
         with every_failure(own=True):
-            return config_from_dict(data)
+            return config_from_dict(data, source="file")  # deprecated fields warn: a file a person hands the command
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 

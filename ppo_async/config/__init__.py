@@ -2,10 +2,11 @@
 
 Holds the choice fields' allowed values (`choices`), the sections (`sections`: one frozen
 dataclass per concern, each validating itself at construction and raising `ConfigError` naming
-the field, the value and the rule), the run-level `Config` (`run_config`), which fields act
-under which others (`applicability`), the shared field checks (`checks`), which fields a
-caller set and the env's defaults for the rest (`explicit`, `preset_table`), dicts and dotted
-paths (`paths`) and the per-env presets (`presets`).
+the field, the value and the rule), the run-level `Config` (`run_config`), the one sampler
+count and its deprecated spellings (`samplers`; a replayed schedule file's samplers read by
+`schedule_file`), which fields act under which others (`applicability`), the shared field
+checks (`checks`), which fields a caller set and the env's defaults for the rest (`explicit`,
+`preset_table`), dicts and dotted paths (`paths`) and the per-env presets (`presets`).
 May import: `ppo_async.errors` and `ppo_async.envs.registry` (to check env names). Nothing
 here imports JAX.
 """
@@ -14,7 +15,7 @@ from ppo_async.config.checks import check_field_types
 from ppo_async.config.paths import (
     config_from_dict,
     config_to_dict,
-    convert_iteration_cadences,
+    convert_deprecated_fields,
     get_path,
     parse_assignments,
     replace_path,
@@ -48,6 +49,7 @@ from ppo_async.config.choices import (
     StatsUpdateName,
     WeightInitName,
 )
+from ppo_async.config.samplers import DEFAULT_THREADED_SAMPLERS, SAMPLER_ALIASES
 from ppo_async.config.run_config import (
     DEPRECATED_CADENCES,
     HOST_ONLY_FIELDS,
@@ -91,6 +93,8 @@ __all__ = [
     "StatsUpdateName",
     "FullPolicyName",
     "DEPRECATED_CADENCES",
+    "DEFAULT_THREADED_SAMPLERS",
+    "SAMPLER_ALIASES",
     "HOST_ONLY_FIELDS",
     "LAG_FILTER_FIELDS",
     "LAG_SCHEDULES",
@@ -114,7 +118,7 @@ __all__ = [
     "cadence_iterations",
     "config_from_dict",
     "config_to_dict",
-    "convert_iteration_cadences",
+    "convert_deprecated_fields",
     "get_path",
     "parse_assignments",
     "replace_path",

@@ -28,8 +28,8 @@ def check_env_options(config: Any) -> None:
 
 
 # Lag-schedule fields (all of LagConfig but the stale filter) act only in simulated mode and in
-# threaded barrier runs; within them, each schedule reads only its own fields. lag.num_samplers
-# acts in every schedule of the simulated mode.
+# threaded barrier runs; within them, each schedule reads only its own fields. (lag.num_samplers,
+# the deprecated spelling of num_samplers, reads None by the time these rules run.)
 LAG_FILTER_FIELDS = ("max_lag",)
 
 SCHEDULE_FIELDS = {
@@ -45,9 +45,10 @@ def check_fields_apply(config: Any) -> None:
     """Raises ConfigError for a field set away from its default where it would do nothing.
 
     A knob that silently does nothing is a wrong experiment: `lag.K = 8` in sync mode runs at
-    lag 0. The rules: lag-schedule fields need mode='simulated' or a threaded barrier run
-    (`lag.max_lag`, the stale filter, acts in every mode) and, within it, the schedule that
-    reads them (`_lag_inert_reason`); `threaded.*`
+    lag 0. The rules: num_samplers needs mode='simulated' or 'threaded' (sync mode has one
+    sampler), and where lag.per_sampler acts it lists one lag per sampler; lag-schedule fields
+    need mode='simulated' or a threaded barrier run (`lag.max_lag`, the stale filter, acts in
+    every mode) and, within it, the schedule that reads them (`_lag_inert_reason`); `threaded.*`
     fields need mode='threaded' (`threaded.latency_jitter` also needs a latency);
     `ppo.rho_bar` / `ppo.c_bar` need advantage_estimator='vtrace'; `ppo.is_clip` /
     `ppo.prox_ewma` need objective='decoupled'; eval_episodes needs evaluation
@@ -58,10 +59,13 @@ def check_fields_apply(config: Any) -> None:
         why = _lag_inert_reason(config, name)
         if why is not None:
             _inert(f"lag.{name}", getattr(config.lag, name), why)
-    barrier = config.mode == "threaded" and config.threaded.barrier
-    if barrier and config.lag.schedule == "per_sampler" and len(config.lag.per_sampler) != config.threaded.num_samplers:
-        _fail("lag.per_sampler", config.lag.per_sampler,
-              f"must list one lag per sampler thread (threaded.num_samplers = {config.threaded.num_samplers})")
+    if config.mode == "sync" and config.num_samplers is not None:
+        _inert("num_samplers", config.num_samplers, "mode='sync' runs one sampler (num_samplers counts the sampler threads "
+               "of mode='threaded' and the emulated samplers of mode='simulated')")
+    schedule_acts = config.mode == "simulated" or (config.mode == "threaded" and config.threaded.barrier)
+    if schedule_acts and config.lag.schedule == "per_sampler" and len(config.lag.per_sampler) != config.effective_num_samplers:
+        _fail("lag.per_sampler", config.lag.per_sampler, f"must list one lag per sampler (num_samplers = "
+              f"{config.effective_num_samplers}{', the sampler threads' if config.mode == 'threaded' else ''})")
     if config.mode != "threaded":
         for name in _changed(config.threaded, ThreadedConfig()):
             _inert(f"threaded.{name}", getattr(config.threaded, name),
@@ -85,15 +89,10 @@ def _lag_inert_reason(config: Any, name: str) -> str | None:
     """Why the lag field `name` (set away from its default) does nothing in `config`; None when
     it acts. The stale filter acts everywhere; the schedule fields in mode='simulated' and in a
     threaded barrier run (the run that makes the schedule's lags on real samplers), each read by
-    its schedule; lag.num_samplers counts the simulated mode's emulated samplers only."""
+    its schedule. lag.num_samplers, the deprecated spelling of num_samplers, is `Config`'s to read."""
     lag, barrier = config.lag, config.mode == "threaded" and config.threaded.barrier
-    if name in LAG_FILTER_FIELDS:
+    if name in LAG_FILTER_FIELDS or name == "num_samplers":
         return None
-    if name == "num_samplers" and barrier and lag.num_samplers != config.threaded.num_samplers:
-        return ("a threaded barrier run's schedule has one lag per sampler thread: set threaded.num_samplers "
-                "(lag.num_samplers counts the simulated mode's emulated samplers)")
-    if name == "num_samplers" and (barrier or config.mode == "simulated" or lag.num_samplers == 1):
-        return None  # (1: the default's meaning)
     if config.mode == "threaded" and not barrier:
         return ("this run has mode='threaded' without a barrier, whose lag emerges from timing; a lag schedule acts "
                 "with threaded.barrier = True (and in mode='simulated'); lag.max_lag is the one lag field every mode uses")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from ppo_async.config.checks import canonical_path, did_you_mean, field_paths
 from ppo_async.config.applicability import check_given_apply
+from ppo_async.config.preset_table import env_defaults
 from ppo_async.config.run_config import DEPRECATED_CADENCES, Config, stored_config
+from ppo_async.config.samplers import SAMPLER_ALIASES, convert_sampler_aliases
 from ppo_async.config.sections import (
     DistributedConfig,
     EnvOptions,
@@ -43,8 +45,14 @@ def _unknown_path(path: str) -> ConfigError:
     return ConfigError(f"unknown config field {path!r}{did_you_mean(path, field_paths(Config))}")
 
 
-def config_from_dict(data: dict[str, Any]) -> Config:
-    """Builds (and validates) a Config from a nested dict; unknown keys raise ConfigError."""
+def config_from_dict(data: dict[str, Any], source: Literal["stored", "file", "input"] = "stored") -> Config:
+    """Builds (and validates) a Config from a nested dict; unknown keys raise ConfigError.
+
+    `source` says who wrote its deprecated fields (`stored_config`): "stored", a file this code
+    wrote, read back (config.json, a checkpoint's or a study's spec): they convert as such a
+    file holds them, silently; "file", a config file handed to a command (`--config FILE`): the
+    same, with a FutureWarning; "input", fields a caller sets (`replace_paths`, `--set`, a
+    sweep grid): each deprecated field set warns and sets its field."""
     if not isinstance(data, dict):
         raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
     _refuse_unknown(data, Config, "unknown config keys")
@@ -65,20 +73,34 @@ def config_from_dict(data: dict[str, Any]) -> Config:
             kwargs[key] = cls(**section)
         else:
             kwargs[key] = value
-    with stored_config():  # a deprecated iteration cadence (an older config.json) converts silently
+    if source == "input":
+        return Config(**kwargs)
+    with stored_config(warn=source == "file"):  # deprecated fields as an older config.json holds them
         return Config(**kwargs)
 
-def convert_iteration_cadences(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A config dict (a config.json, a benchmark.json's configs, a checkpoint's metadata) in
-    today's spelling, to compare with today's: its deprecated iteration cadences
+def convert_deprecated_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored config dict (a config.json, a benchmark.json's configs, a checkpoint's metadata)
+    in today's spelling, to compare with today's: the sampler count's deprecated spellings
+    (`threaded.num_samplers`, `lag.num_samplers`) as `num_samplers`, by what its mode read
+    (`samplers.convert_sampler_aliases`), and its deprecated iteration cadences
     (`DEPRECATED_CADENCES`, e.g. `eval_every: 49`) as the env-step fields of the config it
-    makes (`eval_every_steps: 49 * batch_size`), the old keys at 0, every other key as it
-    was; silently. ConfigError when the dict makes no valid config (e.g. both spellings set)."""
+    makes (`eval_every_steps: 49 * batch_size`), the old keys at None / 0, every other key as
+    it was; silently. ConfigError when the dict makes no valid config (e.g. both spellings set)."""
+    data = convert_sampler_aliases(data, _mode_of(data))
     if not any(data.get(old) for old in DEPRECATED_CADENCES):
         return dict(data)
     config = config_from_dict(dict(data))
     return {**data, **{old: 0 for old in DEPRECATED_CADENCES if old in data},
             **{new: getattr(config, new) for old, new in DEPRECATED_CADENCES.items() if data.get(old)}}
+
+
+def _mode_of(data: Mapping[str, Any]) -> str:
+    """The mode of the config a dict makes: its own, else its env's (a host-side env's is
+    threaded: `preset_table.env_defaults`), else Config's default."""
+    if isinstance(data.get("mode"), str):
+        return data["mode"]
+    env = data.get("env", Config.__dataclass_fields__["env"].default)
+    return env_defaults(env).get("mode", Config.__dataclass_fields__["mode"].default) if isinstance(env, str) else "sync"
 
 
 def get_path(config: Config, path: str) -> Any:
@@ -100,6 +122,8 @@ def replace_paths(config: Config, changes: Mapping[str, Any]) -> Config:
     `{"ppo.rho_bar": 2.0, "ppo.advantage_estimator": "vtrace"}` works in either order)."""
     changes = {canonical_path(path): value for path, value in changes.items()}
     data = config_to_dict(config)
+    if any(changes.get(path) is not None for path in SAMPLER_ALIASES) and "num_samplers" not in changes:
+        data["num_samplers"] = None  # a deprecated spelling sets it, over the value the config had
     for path, value in changes.items():
         parts = path.split(".")
         node = data
@@ -110,7 +134,7 @@ def replace_paths(config: Config, changes: Mapping[str, Any]) -> Config:
         if parts[-1] not in node or isinstance(node[parts[-1]], dict):
             raise _unknown_path(path)
         node[parts[-1]] = value
-    config = config_from_dict(data)
+    config = config_from_dict(data, source="input")
     check_given_apply(config, changes)
     return config
 

@@ -55,6 +55,8 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 ENV_PRESETS["envpool/"] = ENV_PRESETS["gymnasium/"]  # the same MuJoCo tasks, stepped by EnvPool
+# (A preset may set `num_samplers` for a family whose every mode has samplers, e.g. the host-side
+# ones, threaded only: sync mode has one and refuses a count.)
 
 
 

@@ -21,6 +21,7 @@ import dataclasses
 import os
 from typing import Any, NamedTuple, Sequence
 
+from ppo_async.config.samplers import default_num_samplers
 from ppo_async.errors import ConfigError
 
 
@@ -73,7 +74,8 @@ def memory_terms(config: Any, stacked_seeds: int | None = None) -> list[Term]:
     - batch: seeds * batch_size * TRANSITION_FLOATS * 4 * BATCH_COPIES
       (batch_size = rollout.num_envs * rollout.num_steps [* chunks per batch * processes]);
     - buffer (threaded): buffer chunks * chunk_size * TRANSITION_FLOATS * 4;
-    - params: seeds * param_count * 4 * PARAM_COPIES, plus one snapshot per threaded sampler;
+    - params: seeds * param_count * 4 * PARAM_COPIES, plus one snapshot per threaded sampler
+      (`effective_num_samplers`);
     - metrics: seeds * num_iterations * METRIC_FLOATS * 4.
 
     `stacked_seeds` (default `config.num_seeds`) is the number of seeds in one program: a
@@ -93,8 +95,8 @@ def memory_terms(config: Any, stacked_seeds: int | None = None) -> list[Term]:
     if config.mode == "threaded":
         terms.append(Term("ring buffer", config.buffer_capacity_chunks * config.chunk_size * transition,
                           ("threaded.buffer_capacity", "rollout.num_envs", "rollout.num_steps")))
-        terms.append(Term("sampler snapshots", config.threaded.num_samplers * params,
-                          ("threaded.num_samplers", "network.actor_hidden")))
+        terms.append(Term("sampler snapshots", config.effective_num_samplers * params,
+                          ("num_samplers", "network.actor_hidden")))
     return terms
 
 
@@ -132,7 +134,9 @@ def driver(config: Any, fields: Sequence[str]) -> str:
     return best
 
 
-def _value(config: object, path: str) -> int:
+def _value(config: Any, path: str) -> int:
+    if path == "num_samplers":  # None: the mode's count
+        return config.effective_num_samplers
     node: object = config
     for part in path.split("."):
         node = getattr(node, part)
@@ -142,7 +146,10 @@ def _value(config: object, path: str) -> int:
 
 
 def _default(config: Any, path: str) -> int:
-    """The default of a dotted field of `config`'s classes as a count (a sequence: its largest element)."""
+    """The default of a dotted field of `config`'s classes as a count (a sequence: its largest
+    element; num_samplers: what None stands for in the config's mode)."""
+    if path == "num_samplers":
+        return default_num_samplers(config.mode, config.lag)
     cls: Any = type(config)
     *sections, name = path.split(".")
     for section in sections:
@@ -160,6 +167,8 @@ def _refuse(config: Any, fields: Sequence[str], what: str) -> None:
 
 
 def _shown(config: Any, path: str) -> object:
+    if path == "num_samplers":  # None: the mode's count, shown as such
+        return config.effective_num_samplers
     node: object = config
     for part in path.split("."):
         node = getattr(node, part)

@@ -23,6 +23,7 @@ from ppo_async.config.choices import BATCH_SYNC_MAX_SAMPLES, ModeName
 from ppo_async.config.explicit import apply_env_defaults, as_given, given_fields, preset_fields, record_given, with_fields
 from ppo_async.config.preset_table import env_defaults
 from ppo_async.config.resources import budget_blame, check_sizes
+from ppo_async.config.samplers import SAMPLER_ALIASES, alias_warning, default_num_samplers, read_aliases
 from ppo_async.config.sections import (
     DEFAULT_BUFFER_CHUNKS,
     DistributedConfig,
@@ -63,15 +64,17 @@ DEPRECATED_CADENCES = {"eval_every": "eval_every_steps", "checkpoint_every": "ch
 that count them in env steps. Setting one converts it (`Config._convert_iteration_cadences`),
 with a FutureWarning; a stored config holding one is converted silently (`stored_config`)."""
 _CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
-_STORED: contextvars.ContextVar[bool] = contextvars.ContextVar("stored_config", default=False)
+_STORED: contextvars.ContextVar[str | None] = contextvars.ContextVar("stored_config", default=None)
 
 
 @contextlib.contextmanager
-def stored_config() -> Iterator[None]:
+def stored_config(warn: bool = False) -> Iterator[None]:
     """Within it, a `Config` is one read back from a file (config.json, a benchmark's configs,
-    a checkpoint's metadata): it converts a deprecated iteration cadence without the
-    FutureWarning, since its reader typed nothing (`paths.config_from_dict` builds in it)."""
-    token = _STORED.set(True)
+    a checkpoint's metadata; with `warn`, a `--config FILE` handed to a command): it converts a
+    deprecated iteration cadence, and the sampler count's deprecated spellings as such a file
+    holds them (each mode read one; `samplers.held_where_inert`), without the FutureWarning,
+    since its reader typed nothing, unless `warn` (`paths.config_from_dict` builds in it)."""
+    token = _STORED.set("warn" if warn else "silent")
     try:
         yield
     finally:
@@ -110,6 +113,8 @@ class Config:
     """Independent seeds trained together in one compile (vmap)."""
     total_env_steps: int = 300_000
     """Environment steps per seed; rounded down to whole iterations of num_envs * num_steps."""
+    num_samplers: int | None = None
+    """Samplers, each with its own envs, env seeds and parameter snapshot: threads in threaded mode (None = 2), emulated samplers in simulated mode (None = 1, or what the lag schedule names: len(lag.per_sampler), the replayed file's samplers); sync mode has one (leave it None). The run's count is `Config.effective_num_samplers`."""
     run_dir: str | None = None
     """Directory for config.json, metrics.jsonl, checkpoints/, tb/ and plots; None writes nothing."""
     checkpoint_every_steps: int = 0
@@ -149,6 +154,8 @@ class Config:
         _check_int("seed", self.seed, 0)
         _check_int("num_seeds", self.num_seeds, 1)
         _check_int("total_env_steps", self.total_env_steps, 1)
+        if self.num_samplers is not None:
+            _check_int("num_samplers", self.num_samplers, 1)
         _check_int("checkpoint_every_steps", self.checkpoint_every_steps, 0)
         _check_int("keep_checkpoints", self.keep_checkpoints, 1)
         _check_int("eval_every_steps", self.eval_every_steps, 0)
@@ -160,6 +167,7 @@ class Config:
             if not isinstance(getattr(self, name), cls):
                 _fail(name, getattr(self, name), f"must be a {cls.__name__}")
         stop_if_failed(then=self._check_env_name)  # the rules below compare fields with each other
+        self._convert_sampler_aliases()  # (needs the mode: after the env's preset)
         check_sizes(self)  # int32 and sane bounds, before any rule that multiplies them
         self._convert_iteration_cadences()  # (needs the batch size)
         self._check_env_name()  # after the env-free checks: a gymnax name imports gymnax (and JAX)
@@ -189,6 +197,7 @@ class Config:
             _fail("mode", self.mode, f"must be 'threaded' with distributed.num_processes = {self.distributed.num_processes} "
                   "(several processes run threaded samplers and one data-parallel learner)")
         if self.mode == "threaded":
+            self._check_threaded_samplers()
             self._check_buffer_capacity()
         if self.threaded.kl_target is not None and self.distributed.num_processes > 1:
             _fail("threaded.kl_target", self.threaded.kl_target,
@@ -218,7 +227,7 @@ class Config:
                       "spelling in learner iterations)")
                 continue
             steps = iterations * self.batch_size
-            if not _STORED.get():
+            if _STORED.get() != "silent":
                 warnings.warn(f"{old} = {iterations} (learner iterations) is deprecated and goes in the next release: use "
                               f"{new} = {steps} (env steps: {iterations} x batch_size {self.batch_size}), which this config "
                               f"now holds ({old} reads 0)", FutureWarning, stacklevel=_stacklevel_outside_config())
@@ -227,6 +236,44 @@ class Config:
             given = getattr(self, "_given_fields", None)
             if given is not None and old in given:
                 object.__setattr__(self, "_given_fields", given - {old} | {new})
+
+    def _convert_sampler_aliases(self) -> None:
+        """The sampler count's deprecated spellings (`SAMPLER_ALIASES`: `threaded.num_samplers`,
+        `lag.num_samplers`) read as num_samplers (`samplers.read_aliases`), each that sets it
+        said by a FutureWarning (not for a config read back from a file: `stored_config`); the
+        aliases read None again, so config.json, equality and resume see one spelling. An alias
+        beside a num_samplers or another alias of another value is a failure naming both; one
+        beside a num_samplers the env's preset filled wins (the caller set it)."""
+        aliases = {path: getattr(getattr(self, path.partition(".")[0]), "num_samplers") for path in SAMPLER_ALIASES}
+        if all(value is None for value in aliases.values()):
+            return
+        preset = "num_samplers" in preset_fields(self)
+        reading = read_aliases(None if preset else self.num_samplers, aliases, self.mode, self.lag.schedule,
+                               stored=_STORED.get() is not None)
+        if reading.failure is not None:
+            _fail(*reading.failure)
+            return
+        for path, value in reading.set_it:
+            if _STORED.get() != "silent":
+                warnings.warn(alias_warning(path, value), FutureWarning, stacklevel=_stacklevel_outside_config())
+        for name in ("threaded", "lag"):
+            if getattr(self, name).num_samplers is not None:
+                object.__setattr__(self, name, with_fields(getattr(self, name), {"num_samplers": None}))
+        if reading.set_it:
+            object.__setattr__(self, "num_samplers", reading.value)
+            object.__setattr__(self, "_given_fields", given_fields(self) | {"num_samplers"})
+            object.__setattr__(self, "_preset_fields", tuple(p for p in preset_fields(self) if p != "num_samplers"))
+
+    def _check_threaded_samplers(self) -> None:
+        """The threaded fields that count samplers against the run's (`effective_num_samplers`):
+        one latency per sampler, and with a barrier one chunk per sampler in each batch."""
+        tcfg, samplers = self.threaded, self.effective_num_samplers
+        if tcfg.sampler_step_latency_ms and len(tcfg.sampler_step_latency_ms) != samplers:
+            _fail("threaded.sampler_step_latency_ms", tcfg.sampler_step_latency_ms,
+                  f"must list one latency per sampler (num_samplers = {samplers}) or be empty")
+        if tcfg.barrier and tcfg.chunks_per_batch is not None and tcfg.chunks_per_batch != samplers:
+            _fail("threaded.chunks_per_batch", tcfg.chunks_per_batch,
+                  f"must equal num_samplers = {samplers} with barrier=True (one rollout per sampler), or be None")
 
     def _check_env_name(self) -> None:
         if not _ENV_CHECK_DEFERRED.get():
@@ -240,10 +287,11 @@ class Config:
                 "threaded.buffer_capacity", tcfg.buffer_capacity,
                 f"must be a whole number of rollout chunks (rollout.num_envs * rollout.num_steps = {self.chunk_size} transitions each)",
             )
-        if tcfg.barrier and tcfg.full_policy == "overwrite_oldest" and self.buffer_capacity_chunks < tcfg.num_samplers:
+        samplers = self.effective_num_samplers
+        if tcfg.barrier and tcfg.full_policy == "overwrite_oldest" and self.buffer_capacity_chunks < samplers:
             _fail(
                 "threaded.buffer_capacity", tcfg.buffer_capacity or self.buffer_capacity_chunks * self.chunk_size,
-                f"must hold >= threaded.num_samplers = {tcfg.num_samplers} chunks ({tcfg.num_samplers * self.chunk_size} "
+                f"must hold >= num_samplers = {samplers} chunks ({samplers * self.chunk_size} "
                 "transitions) with barrier=True and full_policy='overwrite_oldest' (an overwritten rollout would never be replaced)",
             )
 
@@ -256,11 +304,32 @@ class Config:
 
     def _batch_formula(self) -> str:
         formula = "rollout.num_envs * rollout.num_steps"
-        if self.mode == "threaded" and self.threaded.effective_chunks_per_batch > 1:
+        if self.effective_chunks_per_batch > 1:
             formula += " * threaded.chunks_per_batch"
         if self.distributed.num_processes > 1:
             formula += " * distributed.num_processes"
         return formula
+
+    @property
+    def effective_num_samplers(self) -> int:
+        """The run's samplers, each with its own envs, env seeds and parameter snapshot:
+        num_samplers, or what None stands for in its mode (`samplers.default_num_samplers`): 2
+        threads (threaded), 1 (sync), and in simulated mode len(lag.per_sampler)
+        (schedule='per_sampler'), the replayed file's samplers (schedule='replay': read from
+        lag.replay_path, ConfigError naming it when it cannot be) or 1."""
+        if self.num_samplers is not None:
+            return self.num_samplers
+        return default_num_samplers(self.mode, self.lag)
+
+    @property
+    def effective_chunks_per_batch(self) -> int:
+        """Rollout chunks per learner batch of one process: threaded.chunks_per_batch, else one
+        per sampler with threaded.barrier (`effective_num_samplers`), else 1 (1 outside threaded mode)."""
+        if self.mode != "threaded":
+            return 1
+        if self.threaded.chunks_per_batch is not None:
+            return self.threaded.chunks_per_batch
+        return self.effective_num_samplers if self.threaded.barrier else 1
 
     @property
     def chunk_size(self) -> int:
@@ -269,11 +338,9 @@ class Config:
 
     @property
     def local_batch_size(self) -> int:
-        """Transitions one process's learner takes per iteration: one chunk, or
-        threaded.chunks_per_batch chunks in threaded mode."""
-        if self.mode == "threaded":
-            return self.chunk_size * self.threaded.effective_chunks_per_batch
-        return self.chunk_size
+        """Transitions one process's learner takes per iteration: `effective_chunks_per_batch`
+        chunks (one outside threaded mode)."""
+        return self.chunk_size * self.effective_chunks_per_batch
 
     @property
     def batch_size(self) -> int:
@@ -342,6 +409,10 @@ class Config:
             if not dataclasses.is_dataclass(section) or name not in {f.name for f in dataclasses.fields(section)}:
                 raise ConfigError(f"unknown config field {path!r}{did_you_mean(path, field_paths(Config))}")
             top[section_name] = with_fields(section, {name: value})
+        if "num_samplers" not in top and any(getattr(top.get(path.partition(".")[0]), "num_samplers", None) is not None
+                                             for path in SAMPLER_ALIASES):
+            top["num_samplers"] = None  # a deprecated spelling sets it, over the value this config had
+            whole.add("num_samplers")
         if rebuild:
             return Config(**{**given, **top})
         new = dataclasses.replace(self, **top)

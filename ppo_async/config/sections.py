@@ -200,7 +200,7 @@ class LagConfig:
     A schedule gives each consumed rollout chunk a lag K: it is made with the params and
     normalisation statistics of version v - K (v the learner's version when it is consumed,
     never below version 0). The simulated mode emulates it in one jitted program (one chunk per
-    learner iteration, from emulated sampler i mod num_samplers); a threaded barrier run makes it
+    learner iteration, from emulated sampler i mod S, S = the run's num_samplers); a threaded barrier run makes it
     on real samplers, JAX or host-side envs alike (one chunk per sampler thread and learner
     iteration; the default, fixed K = 0, is the classic barrier). Without a barrier a threaded
     run's lag emerges from timing, and the schedule fields are an error there, as in sync mode.
@@ -210,9 +210,9 @@ class LagConfig:
       per_sampler: sampler s (emulated, or threaded sampler s) is `per_sampler[s]` versions old.
       uniform: lag ~ U{low, ..., high}, per chunk.
       geometric: lag ~ Geometric(p) - 1 (P(lag = k) = p (1 - p)^k), truncated to `high`.
-      straggler: the first ceil(fraction * num_samplers) samplers refresh their params only
+      straggler: the first ceil(fraction * S) samplers refresh their params only
         every `slowdown`-th rollout (the others every rollout); lag is counted in learner
-        versions (simulated: num_samplers versions pass between a sampler's rollouts; barrier: one).
+        versions (simulated: S versions pass between a sampler's rollouts; barrier: one).
       replay: the lags of a recorded run, read from `replay_path` (the version schedule a
         threaded run writes; format in `ppo_async.core.lag`).
     """
@@ -222,7 +222,7 @@ class LagConfig:
     K: int = 0
     """fixed: the lag of every chunk, in learner versions (simulated; threaded with barrier)."""
     per_sampler: tuple[int, ...] = ()
-    """per_sampler: one lag per sampler (simulated: its length sets num_samplers; threaded with barrier: one per threaded.num_samplers)."""
+    """per_sampler: one lag per sampler, one per num_samplers (simulated: its length is the samplers when num_samplers is None; threaded with barrier: one per sampler thread)."""
     low: int = 0
     """uniform: smallest lag (simulated; threaded with barrier)."""
     high: int = 4
@@ -230,16 +230,13 @@ class LagConfig:
     p: float = 0.5
     """geometric: success probability in (0, 1] (simulated; threaded with barrier)."""
     fraction: float = 0.25
-    """straggler: fraction of samplers that are slow, in (0, 1] (simulated: of num_samplers; threaded with barrier: of threaded.num_samplers)."""
+    """straggler: fraction of the samplers (num_samplers) that are slow, in (0, 1] (simulated; threaded with barrier)."""
     slowdown: int = 4
     """straggler: slow samplers refresh this many times less often (simulated; threaded with barrier)."""
     replay_path: str | None = None
-    """replay: path of a version schedule (JSONL or CSV) recorded by a threaded run. Simulated: one record per learner iteration (its sampler_id and lag); threaded with barrier: one record per iteration (its lag for every sampler) or threaded.num_samplers records (one per sampler)."""
+    """replay: path of a version schedule (JSONL or CSV) recorded by a threaded run. Simulated: one record per learner iteration (its sampler_id and lag); threaded with barrier: one record per iteration (its lag for every sampler) or num_samplers records (one per sampler)."""
     num_samplers: int | None = None
-    """Simulated mode only: emulated samplers, each with its own envs and env seeds; batches are
-    consumed round-robin. None: 1, or with schedule='replay' the samplers the replayed file names
-    (its largest sampler_id + 1); see `ppo_async.core.lag.num_samplers_of`. A threaded run's
-    samplers are threaded.num_samplers."""
+    """Deprecated (goes in the next release): the top-level num_samplers (the simulated mode's emulated samplers were counted here). Setting it sets num_samplers, with a FutureWarning, and it reads None again."""
     max_lag: int | None = None
     """Stale filter (every mode): samples whose lag exceeds this are dropped at consumption (and counted); None keeps all. A threaded barrier run refuses one below its schedule's largest lag."""
     seed: int = 0
@@ -260,7 +257,7 @@ class LagConfig:
         _check_unit_interval("lag.p", self.p)
         _check_unit_interval("lag.fraction", self.fraction)
         _check_int("lag.slowdown", self.slowdown, 1)
-        if self.num_samplers is not None:
+        if self.num_samplers is not None:  # (the deprecated spelling of num_samplers: `Config` reads it)
             _check_int("lag.num_samplers", self.num_samplers, 1)
         _check_int("lag.seed", self.seed, 0)
         if self.max_lag is not None:
@@ -268,12 +265,6 @@ class LagConfig:
         if self.schedule == "per_sampler":
             if not self.per_sampler:
                 _fail("lag.per_sampler", self.per_sampler, "must list one lag per sampler for schedule='per_sampler'")
-            if self.num_samplers not in (None, 1, len(self.per_sampler)):
-                _fail(
-                    "lag.num_samplers",
-                    self.num_samplers,
-                    f"must equal len(lag.per_sampler) = {len(self.per_sampler)} (or be left unset)",
-                )
         if self.schedule == "replay" and not self.replay_path:
             _fail("lag.replay_path", self.replay_path, "must name a schedule file for schedule='replay'")
 
@@ -287,8 +278,8 @@ DEFAULT_KL_QUANTILE = 0.8  # fraction of iterations the KL controller holds unde
 class ThreadedConfig:
     """Threaded mode: real sampler threads, a device ring buffer and a learner (lag emerges from timing)."""
 
-    num_samplers: int = 2
-    """Sampler threads, each with its own jitted vmapped rollout, params snapshot, envs and RNG."""
+    num_samplers: int | None = None
+    """Deprecated (goes in the next release): the top-level num_samplers (the sampler threads were counted here). Setting it sets num_samplers, with a FutureWarning, and it reads None again."""
     refresh_lag: int = 1
     """A sampler pulls new params only when at least this many versions behind."""
     min_refresh_interval_s: float = 0.0
@@ -298,7 +289,7 @@ class ThreadedConfig:
     full_policy: FullPolicyName = "block"
     """What a full buffer does to a producer: overwrite the oldest chunk (counted) or block (wait for space). Either way a put waits for the buffer lock while other samplers write theirs (see sampler_wait_buffer_s)."""
     sampler_step_latency_ms: tuple[float, ...] = ()
-    """Simulated env-step latency per sampler (ms per env step, slept outside the GIL after each rollout); () = none."""
+    """Simulated env-step latency per sampler, one per num_samplers (ms per env step, slept outside the GIL after each rollout); () = none."""
     latency_jitter: float = 0.0
     """Relative jitter of the latency, uniform in [1 - j, 1 + j]."""
     timeout_s: float = 30.0
@@ -306,13 +297,13 @@ class ThreadedConfig:
     barrier: bool = False
     """Barrier baseline (synchronous distributed PPO): each learner batch holds one rollout from every sampler, all made with the latest params (lag 0); samplers wait for each new version. With a lag.* schedule the samplers act with version v - K instead (exact scheduled lag, JAX or host-side envs; see LagConfig)."""
     chunks_per_batch: int | None = None
-    """Rollout chunks (num_envs * num_steps each) per learner batch; None = 1, or num_samplers with barrier."""
+    """Rollout chunks (num_envs * num_steps each) per learner batch; None = 1, or one per sampler (num_samplers) with barrier."""
     sampler_devices: tuple[int, ...] = ()
     """Indices into jax.devices() the samplers run on (sampler i uses entry i mod len); () = auto (device 0, or the first half of several devices)."""
     learner_devices: tuple[int, ...] = ()
     """Indices into jax.devices() of the data-parallel learner (shard_map over them; one = plain jit); () = auto (device 0, or the second half)."""
     kl_target: float | None = None
-    """Online KL controller (off: None): holds each iteration's approx_kl at or under this target (kl_quantile of the iterations) with two actuators: the number of active samplers, refresh_lag and lag.max_lag for its staleness part (kl_staleness), the learning rate's scale for its update part (kl_update) (`ppo_async.core.kl_control`; state in the controller_* metrics)."""
+    """Online KL controller (off: None): holds each iteration's approx_kl at or under this target (kl_quantile of the iterations) with two actuators: the number of active samplers (of num_samplers), refresh_lag and lag.max_lag for its staleness part (kl_staleness), the learning rate's scale for its update part (kl_update) (`ppo_async.core.kl_control`; state in the controller_* metrics)."""
     kl_window: int | None = None
     """Learner iterations of kl_staleness the controller averages per lag-knob decision (and waits after each change); None = 8. Needs kl_target."""
     kl_quantile: float | None = None
@@ -320,7 +311,8 @@ class ThreadedConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self, "threaded.")
-        _check_int("threaded.num_samplers", self.num_samplers, 1)
+        if self.num_samplers is not None:  # (the deprecated spelling of num_samplers: `Config` reads it)
+            _check_int("threaded.num_samplers", self.num_samplers, 1)
         _check_int("threaded.refresh_lag", self.refresh_lag, 1)
         _check_non_negative("threaded.min_refresh_interval_s", self.min_refresh_interval_s)
         if self.buffer_capacity is not None:
@@ -332,21 +324,11 @@ class ThreadedConfig:
             _fail("threaded.sampler_step_latency_ms", lat, "must be a sequence of numbers >= 0")
         else:
             object.__setattr__(self, "sampler_step_latency_ms", tuple(float(x) for x in lat))
-        if lat and len(lat) != self.num_samplers:
-            _fail(
-                "threaded.sampler_step_latency_ms", lat,
-                f"must list one latency per sampler (threaded.num_samplers = {self.num_samplers}) or be empty",
-            )
         if not 0.0 <= self.latency_jitter < 1.0:
             _fail("threaded.latency_jitter", self.latency_jitter, "must lie in [0, 1)")
         _check_positive("threaded.timeout_s", self.timeout_s)
         if self.chunks_per_batch is not None:
-            _check_int("threaded.chunks_per_batch", self.chunks_per_batch, 1)
-            if self.barrier and self.chunks_per_batch != self.num_samplers:
-                _fail(
-                    "threaded.chunks_per_batch", self.chunks_per_batch,
-                    f"must equal threaded.num_samplers = {self.num_samplers} with barrier=True (one rollout per sampler), or be None",
-                )
+            _check_int("threaded.chunks_per_batch", self.chunks_per_batch, 1)  # (one per sampler with barrier: `Config`)
         if self.kl_target is not None:
             _check_positive("threaded.kl_target", self.kl_target)
             if self.barrier:
@@ -380,13 +362,6 @@ class ThreadedConfig:
     def effective_kl_quantile(self) -> float:
         """Fraction of iterations the controller holds under its target: kl_quantile, else 0.8."""
         return DEFAULT_KL_QUANTILE if self.kl_quantile is None else float(self.kl_quantile)
-
-    @property
-    def effective_chunks_per_batch(self) -> int:
-        """Chunks per learner batch: chunks_per_batch, else num_samplers (barrier) or 1."""
-        if self.chunks_per_batch is not None:
-            return self.chunks_per_batch
-        return self.num_samplers if self.barrier else 1
 
 @record_given
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ which the threaded checkpoint carries; the optimiser state in the checkpoint's a
 the rate the last update used. Its bounds keep ppo.learning_rate x scale in [LR_MIN, LR_MAX]
 (widened to hold 1: the configured rate is always allowed).
 
-Bounds: 1 <= active samplers <= threaded.num_samplers; 1 <= refresh_lag <= the configured
+Bounds: 1 <= active samplers <= num_samplers (the run's, `Config.effective_num_samplers`); 1 <= refresh_lag <= the configured
 threaded.refresh_lag; 1 <= max_lag <= the configured lag.max_lag (None: unlimited); the lr scale
 as above. The controller starts from the configured values and scale 1. No decision before
 `window` iterations have measured a KL (the warm-up); an iteration whose samples were all

@@ -33,11 +33,14 @@ import functools
 import json
 import math
 import os
+import warnings
 from typing import Any, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
 from ppo_async.config import ConfigError, LagConfig
+from ppo_async.config.samplers import default_num_samplers
+from ppo_async.config.schedule_file import file_key, read_rows
 
 SCHEDULE_COLUMNS = (
     "iteration",
@@ -90,31 +93,6 @@ def straggler_lags(num_iterations: int, num_samplers: int, fraction: float, slow
     return lags
 
 
-def num_samplers_of(lag: LagConfig) -> int:
-    """Samplers a simulated run emulates: `lag.num_samplers` when set; otherwise
-    len(per_sampler) (schedule 'per_sampler'), the samplers the replayed file names (its
-    largest sampler_id + 1; schedule 'replay'), or 1.
-
-    Raises:
-      ConfigError: (replay) the file is missing or malformed (`read_schedule`).
-    """
-    if lag.schedule == "per_sampler":
-        return len(lag.per_sampler)
-    if lag.num_samplers is not None:
-        return lag.num_samplers
-    if lag.schedule == "replay":
-        return int(_read_schedule_cached(*_file_key(lag.replay_path)).sampler_id.max(initial=0)) + 1
-    return 1
-
-
-def _file_key(path: str | os.PathLike | None) -> tuple[str | None, float, int]:
-    """(path, mtime, size): a cache key that changes when the file does."""
-    if path is None or not os.path.isfile(path):
-        return (None if path is None else os.fspath(path), 0.0, -1)
-    stat = os.stat(path)
-    return os.fspath(path), stat.st_mtime, stat.st_size
-
-
 @functools.lru_cache(maxsize=8)
 def _read_schedule_cached(path: str | None, _mtime: float, _size: int) -> LagSchedule:
     return read_schedule(path)
@@ -148,22 +126,36 @@ def drawn_lags(lag: LagConfig, num_chunks: int, num_samplers: int, versions_per_
     raise ConfigError(f"lag.schedule = {lag.schedule!r} is not supported")  # LagConfig validates the name
 
 
-def make_schedule(lag: LagConfig, num_iterations: int) -> LagSchedule:
-    """The lag schedule of a config for `num_iterations` learner iterations.
+def make_schedule(lag: LagConfig, num_iterations: int, num_samplers: int | None = None) -> LagSchedule:
+    """The lag schedule of a simulated run for `num_iterations` learner iterations.
+
+    Args:
+      lag: the `LagConfig` (its schedule and that schedule's fields).
+      num_iterations: I, the learner iterations (one consumed chunk each).
+      num_samplers: S, the emulated samplers (`Config.effective_num_samplers`); None: what a
+        simulated run with `num_samplers` unset emulates (`config.samplers.default_num_samplers`:
+        len(lag.per_sampler), the samplers a replayed file names, or 1), or `lag.num_samplers`,
+        its deprecated spelling, with a FutureWarning.
 
     Raises:
       ConfigError: a replay file that is missing, malformed, too short for the run, or names
-        more samplers than `lag.num_samplers`.
+        more samplers than `num_samplers`.
     """
-    num_samplers = num_samplers_of(lag)
+    if num_samplers is None and lag.num_samplers is not None:  # (a LagConfig of its own: no Config converted it)
+        num_samplers = lag.num_samplers
+        warnings.warn(f"lag.num_samplers = {num_samplers} is deprecated and goes in the next release: pass "
+                      f"num_samplers={num_samplers} to make_schedule (in a Config: num_samplers = {num_samplers})",
+                      FutureWarning, stacklevel=2)
+    if num_samplers is None:
+        num_samplers = default_num_samplers("simulated", lag)
     if lag.schedule != "replay":
         return LagSchedule(round_robin(num_iterations, num_samplers), drawn_lags(lag, num_iterations, num_samplers))
-    replayed = _read_schedule_cached(*_file_key(lag.replay_path))
+    replayed = _read_schedule_cached(*file_key(lag.replay_path))
     _check_long_enough(lag.replay_path, len(replayed.lag), num_iterations)
     if int(replayed.sampler_id.max(initial=0)) >= num_samplers:
         raise ConfigError(
-            f"lag.num_samplers = {num_samplers} is invalid: the replayed schedule names sampler "
-            f"{int(replayed.sampler_id.max())}; set lag.num_samplers >= {int(replayed.sampler_id.max()) + 1}"
+            f"num_samplers = {num_samplers} is invalid: the replayed schedule (lag.replay_path) names sampler "
+            f"{int(replayed.sampler_id.max())}; set num_samplers >= {int(replayed.sampler_id.max()) + 1} (or None)"
         )
     return LagSchedule(replayed.sampler_id[:num_iterations].copy(), replayed.lag[:num_iterations].copy())
 
@@ -280,36 +272,8 @@ def several_chunks_per_iteration(path: str, rows: list[Mapping[str, Any]], itera
     return (
         f"{where} (recorded with threaded.chunks_per_batch > 1 or threaded.barrier); replay needs one chunk per "
         "learner iteration: record the schedule with threaded.chunks_per_batch = 1, or replay it in a threaded "
-        f"barrier run with threaded.num_samplers = {per_iteration} (one record per sampler)"
+        f"barrier run with num_samplers = {per_iteration} (one record per sampler)"
     )
-
-
-def _read_rows(path: str | os.PathLike | None) -> tuple[str, list[dict[str, Any]], list[int]]:
-    """`(path, rows, iterations)` of a version-schedule file, each row with a sampler_id and a
-    lag, `iterations[i]` the learner iteration of row i (its record's, else i + 1).
-
-    Raises ConfigError naming the file: missing, unparsable, empty, or a row without those columns.
-    """
-    if path is None or not os.path.isfile(path):
-        raise ConfigError(f"lag.replay_path = {path!r}: no such file")
-    path = os.fspath(path)
-    try:
-        if path.endswith(".csv"):
-            with open(path, newline="", encoding="utf-8") as f:
-                rows = list(csv.DictReader(f))
-        else:
-            with open(path, encoding="utf-8") as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"lag.replay_path = {path!r}: cannot parse: {exc}") from None
-    if not rows:
-        raise ConfigError(f"lag.replay_path = {path!r}: the schedule is empty")
-    needed = ("sampler_id", "lag")
-    for i, row in enumerate(rows):
-        missing = [c for c in needed if row.get(c) in (None, "")]
-        if missing:
-            raise ConfigError(f"lag.replay_path = {path!r}: record {i + 1} lacks {missing}")
-    return path, rows, [int(r.get("iteration") or i + 1) for i, r in enumerate(rows)]
 
 
 def _in_order(path: str, rows: list[dict[str, Any]], iterations: list[int]) -> LagSchedule:
@@ -340,7 +304,7 @@ def read_schedule(path: str | os.PathLike | None) -> LagSchedule:
     several records per learner iteration, negative lags or sampler ids, lag inconsistent with
     the versions).
     """
-    path, rows, iterations = _read_rows(path)
+    path, rows, iterations = read_rows(path)
     shared = several_chunks_per_iteration(path, rows, iterations)
     if shared:
         raise ConfigError(shared)
@@ -358,14 +322,14 @@ def read_chunk_lags(path: str | os.PathLike | None, num_samplers: int) -> np.nda
     Raises ConfigError naming the file (as `read_schedule`, and iterations holding another
     number of records).
     """
-    path, rows, iterations = _read_rows(path)
+    path, rows, iterations = read_rows(path)
     counts = collections.Counter(iterations)
     per_iteration = set(counts.values())
     if len(per_iteration) != 1 or not per_iteration <= {1, num_samplers}:
         found = ", ".join(str(n) for n in sorted(per_iteration))
         raise ConfigError(
             f"lag.replay_path = {path!r}: its learner iterations hold {found} records each; a threaded barrier run "
-            f"with threaded.num_samplers = {num_samplers} replays 1 record per iteration (given to every sampler) "
+            f"with num_samplers = {num_samplers} replays 1 record per iteration (given to every sampler) "
             f"or {num_samplers} (one per sampler)"
         )
     lags = _in_order(path, rows, iterations).lag

@@ -1,6 +1,6 @@
 """Simulated mode: exact, reproducible policy lag inside one jitted program.
 
-`num_samplers` emulated samplers each own N envs (with their own env seeds). Learner
+`Config.effective_num_samplers` emulated samplers each own N envs (with their own env seeds). Learner
 iteration i consumes one rollout of sampler `schedule.sampler_id[i]`, produced with the
 params of version `v - schedule.lag[i]` (v = current learner version, floored at 0 during
 warm-up), read from a device-side ring of the last `ring_size` param snapshots. Behaviour
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from ppo_async import envs
 from ppo_async.core import learner
 from ppo_async.config import Config
-from ppo_async.core.lag import LagSchedule, make_schedule, num_samplers_of
+from ppo_async.core.lag import LagSchedule, make_schedule
 from ppo_async.core.learner import Hyperparams, LearnerContext, SgdSlots, hyperparams_from_config
 from ppo_async.modes.common import (
     JittedProgram,
@@ -141,7 +141,7 @@ def make_simulated_program(
     `lag_buckets` (default ring_size) is the length of the lag histogram / per-lag breakdown;
     `sgd_slots` traces the SGD shape (a sweep group's configs that differ in it).
     """
-    num_samplers = num_samplers_of(config.lag)
+    num_samplers = config.effective_num_samplers
     _, rollout_ctx, learner_ctx = make_contexts(config, lag_buckets=lag_buckets or ring_size, sgd_slots=sgd_slots)
     return SimulatedProgram(
         rollout_ctx=rollout_ctx,
@@ -156,7 +156,7 @@ def make_simulated_program(
 
 def simulated_setup(config: Config) -> tuple[SimulatedProgram, LagSchedule]:
     """Program and schedule of a simulated config."""
-    schedule = make_schedule(config.lag, config.num_iterations)
+    schedule = make_schedule(config.lag, config.num_iterations, config.effective_num_samplers)
     return make_simulated_program(config, schedule.ring_size), schedule
 
 

@@ -17,7 +17,7 @@ import tempfile
 from typing import Any
 
 from ppo_async.run.checkpoint import Checkpointer, CheckpointError
-from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, convert_iteration_cadences
+from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, convert_deprecated_fields
 from ppo_async.report.metrics import read_jsonl
 
 CONFIG_FILE = "config.json"
@@ -176,11 +176,11 @@ def _check_resumable(config: Config) -> None:
 
 def check_config_matches(config: Config, meta: dict[str, Any], free_fields: tuple[str, ...]) -> None:
     """Raises ConfigError naming every field (but `free_fields`) where `config` differs from a
-    checkpoint's (one written before the cadences counted env steps read as today's:
-    `convert_iteration_cadences`)."""
+    checkpoint's (one written with deprecated fields, before the cadences counted env steps or
+    before the one num_samplers, read as today's: `convert_deprecated_fields`)."""
     saved = dict(meta.get("config", {}))
     try:
-        saved = convert_iteration_cadences(saved)
+        saved = convert_deprecated_fields(saved)
     except ConfigError:
         pass  # a config today's code refuses: compared as written, the fields that differ named below
     now = config_to_dict(config)

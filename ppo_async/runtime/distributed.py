@@ -475,7 +475,7 @@ class Exchange:
         summaries = self.gather_summaries(iteration, summary, config.threaded.timeout_s, should_stop)
         if summaries is None:
             return None
-        merged, all_records = global_row(row, summaries, config.threaded.num_samplers, config.batch_size)
+        merged, all_records = global_row(row, summaries, config.effective_num_samplers, config.batch_size)
         merged["exchange_wait_s"] = time.perf_counter() - start
         return merged, all_records
 

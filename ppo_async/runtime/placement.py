@@ -48,7 +48,7 @@ class Placement:
 
 def _learner_device_count_ok(config: Config, count: int) -> bool:
     """This process's learner batch splits evenly: envs over its devices, each shard into whole minibatches."""
-    envs_per_batch = config.rollout.num_envs * config.threaded.effective_chunks_per_batch
+    envs_per_batch = config.rollout.num_envs * config.effective_chunks_per_batch
     return envs_per_batch % count == 0 and (config.local_batch_size // count) % config.ppo.num_minibatches == 0
 
 
@@ -74,7 +74,7 @@ def _learner_devices(config: Config, devices: Sequence[Any]) -> list[Any]:
             raise ConfigError(
                 f"threaded.learner_devices = {tcfg.learner_devices} is invalid: {len(chosen)} devices must "
                 f"divide the batch's envs (rollout.num_envs * chunks = "
-                f"{config.rollout.num_envs * tcfg.effective_chunks_per_batch}) and leave whole minibatches "
+                f"{config.rollout.num_envs * config.effective_chunks_per_batch}) and leave whole minibatches "
                 f"(batch {config.local_batch_size} / devices divisible by ppo.num_minibatches = {config.ppo.num_minibatches})"
             )
         return chosen
@@ -105,7 +105,7 @@ def resolve_placement(config: Config, devices: Sequence[Any] | None = None) -> P
         pool = devices[:1]
     else:
         pool = devices[: len(devices) - len(devices) // 2]
-    samplers = tuple(pool[s % len(pool)] for s in range(tcfg.num_samplers))
+    samplers = tuple(pool[s % len(pool)] for s in range(config.effective_num_samplers))
     mesh = distributed.global_learner_devices(learner_devices) if multi else ()
     return Placement(sampler_devices=samplers, learner_devices=tuple(learner_devices), mesh_devices=mesh)
 

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
-from ppo_async.config import convert_iteration_cadences
+from ppo_async.config import convert_deprecated_fields
 from ppo_async.errors import ConfigError, DataFileError
 from ppo_async.report.metrics import read_jsonl
 
@@ -54,10 +54,11 @@ def changed_paths(recorded: Any, today: Any, prefix: str = "", defaults: Any = _
 
 def as_today(config: Any) -> Any:
     """A recorded config dict in today's spelling, to compare with today's
-    (`convert_iteration_cadences`: `eval_every: 49` of batch 2048 is `eval_every_steps: 100352`);
+    (`convert_deprecated_fields`: `eval_every: 49` of batch 2048 is `eval_every_steps: 100352`,
+    `threaded.num_samplers: 8` of a threaded run is `num_samplers: 8`);
     as recorded when it is no dict or today's code refuses it (the comparison names what differs)."""
     try:
-        return convert_iteration_cadences(config) if isinstance(config, dict) else config
+        return convert_deprecated_fields(config) if isinstance(config, dict) else config
     except ConfigError:
         return config
 

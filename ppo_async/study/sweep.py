@@ -47,7 +47,7 @@ from ppo_async.config import Config, ConfigError, config_from_dict, config_to_di
 from ppo_async.config import check_config_type
 from ppo_async.config.checks import canonical_path
 from ppo_async.config.resources import MAX_SEEDS, check_fits_machine
-from ppo_async.core.lag import make_schedule, num_samplers_of
+from ppo_async.core.lag import make_schedule
 from ppo_async.core.learner import (
     SGD_SHAPE_FIELDS,
     hyperparams_from_config,
@@ -135,7 +135,8 @@ def static_key(config: Config) -> str:
     for path in SGD_SHAPE_FIELDS.values():  # traced within a group (`learner.slotted_epochs`)
         section, _, name = path.partition(".")
         data[section].pop(name)
-    data["lag"] = {"num_samplers": num_samplers_of(config.lag)}
+    data.pop("lag", None)  # the schedule is traced; its samplers are not (one env batch each)
+    data["num_samplers"] = config.effective_num_samplers
     data.pop("seed", None)
     return json.dumps(data, sort_keys=True, default=str)
 
@@ -245,7 +246,7 @@ class GroupProgram:
 
 def _group_program(points: list, members: list[int], num_seeds: int, totals: SweepTotals) -> GroupProgram:
     cfgs = [points[i][1] for i in members]
-    schedules = [make_schedule(c.lag, c.num_iterations) for c in cfgs]
+    schedules = [make_schedule(c.lag, c.num_iterations, c.effective_num_samplers) for c in cfgs]
     program = make_simulated_program(cfgs[0], max(s.ring_size for s in schedules), sgd_slots=sgd_slots_of(cfgs))
 
     def counted_iteration(state, hparams, sched):

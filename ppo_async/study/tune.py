@@ -58,7 +58,7 @@ from typing import Any, Mapping, Sequence
 from ppo_async.study import tune_plots as plots  # tune's figures: knee.png, kl_vs_buffer.png
 from ppo_async.config import presets
 from ppo_async.report.analysis import run_measurements, summarize
-from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
+from ppo_async.config import SAMPLER_ALIASES, Config, ConfigError, config_from_dict, config_to_dict, get_path, replace_paths
 from ppo_async.core.lag import write_schedule
 from ppo_async.errors import DataFileError
 from ppo_async.study import store
@@ -129,7 +129,7 @@ def _check_base(config: Config, kl_target: float, budget: int, seeds: int, max_s
         raise ConfigError(f"mode = {config.mode!r} is invalid for tune: the recipe tunes threaded runs (mode='threaded')")
     tcfg = config.threaded
     for name, bad in (("barrier", tcfg.barrier), ("kl_target", tcfg.kl_target is not None),
-                      ("chunks_per_batch", tcfg.effective_chunks_per_batch != 1)):
+                      ("chunks_per_batch", config.effective_chunks_per_batch != 1)):
         if bad:
             raise ConfigError(f"threaded.{name} = {getattr(tcfg, name)!r} is invalid for tune: it tunes free-running "
                               "samplers with one chunk per learner batch and no controller (replayable schedules)")
@@ -161,7 +161,7 @@ class _Tuner:
         self.sweep_settings = 0  # step 4's replay sweep while it is still to run: settings x seeds
         self._plan: tuple | None = None  # (samplers, buffer chunks, max_samplers, batch factors) of `most_runs`
         rollout, threaded = self.base.rollout, self.base.threaded
-        self.cost = threaded_cost(threaded.num_samplers, self.base.buffer_capacity_chunks * self.base.chunk_size,
+        self.cost = threaded_cost(self.base.effective_num_samplers, self.base.buffer_capacity_chunks * self.base.chunk_size,
                                   rollout.num_envs, rollout.num_steps)  # a threaded setting's cost, for ties
         if out is not None:
             self.schedule_dir = os.path.join(out, "schedules")
@@ -187,7 +187,7 @@ class _Tuner:
     def plan(self, max_samplers: int, batch_factors: int, sweep_settings: int = 0) -> None:
         """Sets the most threaded runs the tune can take (`most_runs`) and the size of step 4's
         replay sweep (settings x seeds), for the progress lines."""
-        self._plan = (self.base.threaded.num_samplers, self.base.buffer_capacity_chunks, max_samplers, batch_factors)
+        self._plan = (self.base.effective_num_samplers, self.base.buffer_capacity_chunks, max_samplers, batch_factors)
         self.most = most_runs(1, *self._plan, self.seeds)
         self.sweep_settings = sweep_settings
 
@@ -277,7 +277,17 @@ def read_measurements(out: str) -> dict[str, dict]:
     for number, row in enumerate(rows, start=1):
         if "key" not in row:
             raise DataFileError(f"{log.path}: row {number} has no 'key' (not a tune's measurements)")
+    rows = [_today_row(row) for row in rows]
     return {key: kept[-1] for key, kept in store.finished(log, lambda r: r["key"], lambda r: True, rows).items()}
+
+
+def _today_row(row: dict) -> dict:
+    """A measured row in today's spelling: a sampler count recorded before the one num_samplers
+    (`threaded.num_samplers`, `SAMPLER_ALIASES`) as `num_samplers`, in the row and in its key."""
+    if not any(path in row for path in SAMPLER_ALIASES):
+        return row
+    today = lambda data: {"num_samplers" if k in SAMPLER_ALIASES else k: v for k, v in data.items()}  # noqa: E731
+    return {**today(row), "key": json.dumps(today(json.loads(row["key"])), sort_keys=True)}
 
 
 def with_latency(base: Config, changes: Mapping[str, Any]) -> dict[str, Any]:
@@ -285,7 +295,7 @@ def with_latency(base: Config, changes: Mapping[str, Any]) -> dict[str, Any]:
     simulates env latency: the base's per-sampler latencies repeated cyclically (sampler i gets
     entry i mod len; so a straggler pattern (1, 1, 1, 4) stays one slow sampler in four)."""
     latency = base.threaded.sampler_step_latency_ms
-    samplers = changes.get("threaded.num_samplers", base.threaded.num_samplers)
+    samplers = changes.get("num_samplers", base.effective_num_samplers)
     if not latency or samplers == len(latency):
         return dict(changes)
     return {**changes, "threaded.sampler_step_latency_ms": tuple(latency[i % len(latency)] for i in range(samplers))}
@@ -305,18 +315,18 @@ def _numbers(row: Mapping[str, Any]) -> str:
 
 
 def _buffer_changes(tuner: _Tuner, samplers: int, chunks: int) -> dict:
-    return {"threaded.num_samplers": samplers, "threaded.buffer_capacity": chunks * tuner.base.chunk_size}
+    return {"num_samplers": samplers, "threaded.buffer_capacity": chunks * tuner.base.chunk_size}
 
 
 def step_buffer(tuner: _Tuner) -> TuneStep:
     """Step 1: samplers and buffer length until the mean KL is under the target."""
     base = tuner.base
     rule = (f"halve the buffer from {base.buffer_capacity_chunks} chunks, longest first, at "
-            f"{base.threaded.num_samplers} samplers; stop at the first with mean KL < {tuner.kl_target}; "
+            f"{base.effective_num_samplers} samplers; stop at the first with mean KL < {tuner.kl_target}; "
             f"if none, halve the samplers and repeat; none under it: the lowest KL, {THREADED_TIE_RULE}")
     tuner.say(f"step 1 (samplers and buffer length): {rule}")
     rows: list = []
-    samplers = base.threaded.num_samplers
+    samplers = base.effective_num_samplers
     while True:
         for chunks in buffer_lengths(base.buffer_capacity_chunks):
             row = tuner.measure(1, _buffer_changes(tuner, samplers, chunks))
@@ -412,9 +422,10 @@ def _replay_grid(config: Config) -> dict[str, list]:
 
 def replay_config(threaded_config: Config, schedule_path: str) -> Config:
     """The simulated config that replays a threaded run's version schedule: the same env,
-    rollout, PPO and budget; `lag.schedule = 'replay'` (one emulated sampler per recorded one)."""
+    rollout, PPO and budget; `lag.schedule = 'replay'` (one emulated sampler per recorded one:
+    num_samplers None, the file's)."""
     data = config_to_dict(threaded_config)
-    data.update(mode="simulated", threaded=config_to_dict(Config())["threaded"])
+    data.update(mode="simulated", threaded=config_to_dict(Config())["threaded"], num_samplers=None)
     data["lag"] = {**data["lag"], "schedule": "replay", "replay_path": schedule_path}
     return config_from_dict(data)
 
@@ -630,13 +641,14 @@ def start_config(data: Mapping[str, Any], env: str | None = None) -> tuple[Confi
     if env is not None:
         data["env"] = env
     data["mode"] = "threaded"
-    config = config_from_dict(data)
+    config = config_from_dict(data, source="file")
+    samplers_given = config.num_samplers is not None  # by the file, in either spelling
     filled = presets.preset_changes(config.env, data)
     config = replace_paths(config, filled)
     given = data.get("threaded", {})
     start = {}
-    if "num_samplers" not in given:
-        start["threaded.num_samplers"] = START_SAMPLERS
+    if not samplers_given:
+        start["num_samplers"] = START_SAMPLERS
     if "buffer_capacity" not in given:
         start["threaded.buffer_capacity"] = START_BUFFER_CHUNKS * config.chunk_size
     return replace_paths(config, start), {**filled, **start}

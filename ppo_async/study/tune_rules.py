@@ -155,7 +155,7 @@ def threaded_cost(base_samplers: int, base_capacity: int, base_envs: int, base_s
     value for a field the row does not set."""
     def cost(row: Row) -> tuple:
         chunk = row.get("rollout.num_envs", base_envs) * row.get("rollout.num_steps", base_steps)
-        return (row.get("threaded.num_samplers", base_samplers), row.get("threaded.buffer_capacity", base_capacity), chunk)
+        return (row.get("num_samplers", base_samplers), row.get("threaded.buffer_capacity", base_capacity), chunk)
     return cost
 
 

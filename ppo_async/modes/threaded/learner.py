@@ -32,7 +32,7 @@ def controller_limits(config: Config) -> kl_control.ControllerLimits | None:
     tcfg = config.threaded
     if tcfg.kl_target is None:
         return None
-    return kl_control.ControllerLimits(tcfg.kl_target, tcfg.effective_kl_window, tcfg.num_samplers, tcfg.refresh_lag,
+    return kl_control.ControllerLimits(tcfg.kl_target, tcfg.effective_kl_window, config.effective_num_samplers, tcfg.refresh_lag,
                                        config.lag.max_lag, config.ppo.learning_rate, tcfg.effective_kl_quantile)
 
 
@@ -206,14 +206,14 @@ def take_batch(shared: RunShared, iteration: int) -> list | None:
     tcfg = shared.config.threaded
     shared.learner_heartbeat.enter("data", WAIT)
     items: list = []
-    while len(items) < tcfg.effective_chunks_per_batch:
+    while len(items) < shared.config.effective_chunks_per_batch:
         if shared.stop.is_set():
             return None
         item = shared.buffer.get_tagged(timeout=POLL_S)
         if item is not None:
             items.append(item)
     samplers = sorted(tag.sampler_id for _, tag in items)
-    if tcfg.barrier and samplers != list(range(tcfg.num_samplers)):
+    if tcfg.barrier and samplers != list(range(shared.config.effective_num_samplers)):
         raise AssertionError(f"barrier broken at iteration {iteration}: batch from samplers {samplers}")
     return items
 

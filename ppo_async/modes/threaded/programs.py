@@ -86,7 +86,7 @@ def barrier_lags_of(config: Config) -> np.ndarray | None:
     """
     if not config.threaded.barrier:
         return None
-    lags = barrier_lags(config.lag, config.num_iterations, config.threaded.num_samplers)
+    lags = barrier_lags(config.lag, config.num_iterations, config.effective_num_samplers)
     largest = int(lags.max(initial=0))
     if config.lag.max_lag is not None and largest > config.lag.max_lag:
         raise ConfigError(f"lag.max_lag = {config.lag.max_lag} is invalid for this barrier run: its lag schedule asks for "
@@ -100,8 +100,9 @@ def lag_buckets_of(config: Config) -> int:
 
 
 # Fields of a threaded config that shape no compiled program: runs that differ only in them
-# (a sweep over samplers, buffer length, refresh lag, latency, seeds, traced hyperparameters)
-# reuse one set of compiled functions.
+# (a sweep over samplers without a barrier, buffer length, refresh lag, latency, seeds, traced
+# hyperparameters) reuse one set of compiled functions. (The top-level num_samplers is left out
+# with the other top-level fields; "num_samplers" here is its deprecated spelling, None.)
 _PROGRAM_FREE_THREADED = ("num_samplers", "refresh_lag", "min_refresh_interval_s", "buffer_capacity", "full_policy",
                           "sampler_step_latency_ms", "latency_jitter", "timeout_s", "kl_target", "kl_window", "kl_quantile")
 _PROGRAM_TOP = ("env", "env_options", "mode", "num_seeds", "total_env_steps", "rollout", "ppo", "network", "threaded")
@@ -115,6 +116,7 @@ def program_key(config: Config, sampler_devices: tuple, learner_devices: tuple, 
     data = {name: value for name, value in config_to_dict(config).items() if name in _PROGRAM_TOP}
     for name in _PROGRAM_FREE_THREADED:
         data["threaded"].pop(name)
+    data["chunks_per_batch"] = config.effective_chunks_per_batch  # (a barrier's: one per sampler)
     data = learner.without_traced_fields(data)
     data["devices"] = [sorted({d.id for d in sampler_devices}), [d.id for d in learner_devices], lag_buckets]
     return json.dumps(data, sort_keys=True)
@@ -196,7 +198,7 @@ class ThreadedSetup:
 
     def batch(self) -> Any:
         """`chunks_per_batch` copies of the example chunk, merged and placed as the learner takes them."""
-        chunks = [self.example] * self.config.threaded.effective_chunks_per_batch
+        chunks = [self.example] * self.config.effective_chunks_per_batch
         return self.place_trajectory(self.merge(chunks) if len(chunks) > 1 else chunks[0])
 
     def shared(self, buffer: RingBuffer | None = None) -> RunShared:
@@ -206,7 +208,7 @@ class ThreadedSetup:
             buffer = RingBuffer(self.example, config.buffer_capacity_chunks, config.threaded.full_policy,
                                 device=self.placement.buffer_device)
             buffer.warm_up(self.example)
-        stats = [SamplerStats() for _ in range(config.threaded.num_samplers)]
+        stats = [SamplerStats() for _ in range(config.effective_num_samplers)]
         plan = self.plan()
         store = ParamStore(distributed.local_value(snapshot_of(self.train_state)),
                            history=1 if plan is None else plan.ring_size)
@@ -218,7 +220,7 @@ class ThreadedSetup:
         if self.lags is None:
             return None
         version = int(jax.device_get(distributed.local_value(self.train_state.version)))
-        run_ahead = self.config.buffer_capacity_chunks // self.config.threaded.num_samplers - 1
+        run_ahead = self.config.buffer_capacity_chunks // self.config.effective_num_samplers - 1
         return LagPlan(self.lags, self.start.iteration, version, run_ahead)
 
 
@@ -267,7 +269,7 @@ def make_threaded_setup(config: Config, resume: ResumePoint | None = None) -> Th
     else:
         train_state = place_state(programs.init(param_key))
     hparams, run_key = place_state(hyperparams_from_config(config)), place_state(run_key)
-    devices, num_samplers = placement.sampler_devices, config.threaded.num_samplers
+    devices, num_samplers = placement.sampler_devices, config.effective_num_samplers
     host_side = isinstance(programs.rollout_fn, host_rollout.HostRollout)
     sampler_keys = [jax.device_put(k, devices[s]) for s, k in enumerate(jax.random.split(sampler_key, num_samplers))]
     snapshot = distributed.local_value(snapshot_of(train_state))

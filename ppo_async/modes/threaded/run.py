@@ -73,7 +73,7 @@ def start_threads(setup: ThreadedSetup, shared: RunShared, outputs: queue.Queue)
             args=(shared, s, setup.rollout_fn, setup.env_states[s], setup.sampler_keys[s], placement.sampler_devices[s]),
             daemon=True,
         )
-        for s in range(setup.config.threaded.num_samplers)
+        for s in range(setup.config.effective_num_samplers)
     ]
     threads.append(
         threading.Thread(

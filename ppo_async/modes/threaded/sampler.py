@@ -183,7 +183,7 @@ class Sampler:
         stats.enter("put", WAIT)
         max_lag = shared.knobs.max_lag
         gate = None if tcfg.barrier or max_lag is None else FreshnessGate(
-            shared.store, self.version, max_lag, tcfg.effective_chunks_per_batch)
+            shared.store, self.version, max_lag, shared.config.effective_chunks_per_batch)
         tag = ChunkTag(self.sampler_id, made_at - shared.start, self.version)
         while not shared.stop.is_set():
             if shared.buffer.put(chunk, timeout=POLL_S, tag=tag, admit=gate, timings=stats.put_timings):
@@ -233,7 +233,8 @@ class Sampler:
             return False
         t0 = time.perf_counter()
         self.stats.enter("put", WAIT)
-        room = self.shared.buffer.wait_for_room((knobs.max_lag + 1) * tcfg.effective_chunks_per_batch, timeout=POLL_S)
+        room = self.shared.buffer.wait_for_room((knobs.max_lag + 1) * self.shared.config.effective_chunks_per_batch,
+                                                timeout=POLL_S)
         self.stats.put_timings["space_s"] += time.perf_counter() - t0
         return not room
 

@@ -88,7 +88,7 @@ class SamplerStats:
 
 def initial_knobs(config: Config) -> kl_control.LagKnobs:
     """The lag knobs a threaded run starts with: every sampler running, refresh_lag and max_lag as configured."""
-    return kl_control.LagKnobs((True,) * config.threaded.num_samplers, config.threaded.refresh_lag, config.lag.max_lag)
+    return kl_control.LagKnobs((True,) * config.effective_num_samplers, config.threaded.refresh_lag, config.lag.max_lag)
 
 
 class LagPlan:

@@ -99,8 +99,7 @@ def record_timing(out: str, run_dir: str, config: Config, env: str, mode: str, s
     path = os.path.join(run_dir, rundir.METRICS_FILE)
     if config.mode != "threaded" or not os.path.isfile(path):
         return False
-    row = timing_row(read_jsonl(path), env, mode, seed, config.threaded.effective_chunks_per_batch,
-                     config.threaded.num_samplers)
+    row = timing_row(read_jsonl(path), env, mode, seed, config.effective_chunks_per_batch, config.effective_num_samplers)
     if row is not None:
         write_timing(out, row)
     return row is not None

@@ -36,7 +36,7 @@ MUJOCO_ENVS = ("gymnasium/HalfCheetah-v5", "gymnasium/Hopper-v5", "gymnasium/Wal
 SLOW_SAMPLERS = 8
 SLOW_STEP_MS = 5.0
 SLOW_STRAGGLER = 4.0
-SLOW_SIMULATORS = {"threaded.num_samplers": SLOW_SAMPLERS,
+SLOW_SIMULATORS = {"num_samplers": SLOW_SAMPLERS,
                    "threaded.sampler_step_latency_ms": [SLOW_STEP_MS] * (SLOW_SAMPLERS - 1) + [SLOW_STEP_MS * SLOW_STRAGGLER]}
 """The article's regime (its section 4.1: 8 CPU samplers, ~5 ms per env step, a simulator slower
 than the learner; section 1.2: heterogeneous workers): 8 samplers, each vector step +5 ms, the
@@ -76,7 +76,7 @@ class BenchmarkMode(NamedTuple):
 
 MODE_DEFS: dict[str, BenchmarkMode] = {
     "sync": BenchmarkMode(None, {"mode": "sync"}, "one jitted program, strictly on-policy (JAX envs only)"),
-    "barrier": BenchmarkMode(None, {"mode": "threaded", "threaded.barrier": True, "threaded.num_samplers": 1},
+    "barrier": BenchmarkMode(None, {"mode": "threaded", "threaded.barrier": True, "num_samplers": 1},
                              "threaded, lag 0: the learner waits for every sampler's chunk of each batch"),
     # Barrier without the barrier, one field: the same sampler (all the preset's envs) steps the
     # next chunk while the learner trains on the last, so every batch is exactly one version old
@@ -232,10 +232,10 @@ def run_config(plan: Plan, env: str, mode: str, seed: int, run_dir: str | None) 
 
 
 def share_envs(config: Config) -> Config:
-    """`config` with its `rollout.num_envs` shared among its `threaded.num_samplers` samplers
-    (each steps num_envs / num_samplers envs), so that N samplers step as many envs in all as
+    """`config` with its `rollout.num_envs` shared among its samplers (`effective_num_samplers`:
+    each steps num_envs / num_samplers envs), so that N samplers step as many envs in all as
     one sampler of the preset (1 sampler: unchanged); a ConfigError when they do not divide."""
-    samplers = config.threaded.num_samplers
+    samplers = config.effective_num_samplers
     if config.rollout.num_envs % samplers:
         raise ConfigError(f"rollout.num_envs = {config.rollout.num_envs} is invalid: the benchmark's threaded modes share "
                           f"the envs among its {samplers} samplers, so it must be a multiple of {samplers}")
