@@ -58,6 +58,8 @@ from ppo_async.config.presets import config_for_env
 from ppo_async.report import figures, stats
 from ppo_async.report.metrics import read_jsonl
 from ppo_async.study import benchmark as bm
+from ppo_async.study import store
+from ppo_async.study.benchmark.store import NOT_IN_RESULTS
 from ppo_async.study.benchmark.timings import lag_fractions, read_timings
 from ppo_async.study.manifest import Manifest, default_out, write_summary
 
@@ -188,7 +190,10 @@ def check_k0_source(args: Args, env: str) -> None:
         recorded = json.load(f).get("configs", {}).get(f"{env} {MODE}")
     if recorded is None:
         raise SystemExit(f"error: --k0-from {args.k0_from!r} has no {MODE} runs of {env}")
-    diff = differing(recorded, k0_config(args, env))
+    # both in today's spelling (`store.as_today`: e.g. threaded.num_samplers recorded before it became
+    # num_samplers); fields no result depends on (how often a run checkpoints) left out, as the benchmark does
+    diff = [path for path in differing(store.as_today(recorded), store.as_today(k0_config(args, env)))
+            if path.rpartition(".")[2] not in NOT_IN_RESULTS]
     if diff:
         raise SystemExit(f"error: --k0-from {args.k0_from!r}: its {MODE} runs of {env} differ from this call's K = 0 "
                          f"in {', '.join(diff[:8])}; run K = 0 here (leave --k0-from out)")

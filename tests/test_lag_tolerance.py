@@ -110,6 +110,14 @@ def test_the_script_end_to_end_on_a_tiny_budget(tmp_path, monkeypatch):
     assert [(r.correction, r.K) for r in reused.itertuples()] == [("-", 0)]  # no cell of its own yet
     assert reused["eval_mean"].item() == table.loc[table.K == 0, "eval_mean"].item()
     assert not os.path.exists(os.path.join(other, "Pendulum-v1", "barrier-K0"))  # read there, not run here
+    spec_path = os.path.join(k0, bm.SPEC_FILE)  # a K = 0 recorded before num_samplers left threaded.*
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    recorded = spec["configs"]["Pendulum-v1 barrier"]
+    recorded["threaded"]["num_samplers"], recorded["num_samplers"] = recorded.pop("num_samplers"), None
+    with open(spec_path, "w", encoding="utf-8") as f:
+        json.dump(spec, f)
+    lag_tolerance.check_k0_source(lag_tolerance.Args(**TINY, out=other, k0_from=k0), "Pendulum-v1")  # the same K = 0
     with pytest.raises(SystemExit, match="differ from this call's K = 0 in eval_episodes"):
         lag_tolerance.main(lag_tolerance.Args(**{**TINY, "eval_episodes": 3}, out=other, k0_from=k0))
     assert np.isfinite(table["norm_mean"]).all()  # Pendulum-v1 has a normalising reference
