@@ -226,6 +226,21 @@ def run_means(source: str, env: str, seed: int, mode: str = MODE) -> dict[str, f
     return {name: stats_mean([r.get(name) for r in rows]) for name in METRICS}
 
 
+def seed_means(source: str, env: str, mode: str, seeds: Sequence[int]) -> list[dict[str, float]]:
+    """`run_means` of each seed's run; a run whose directory is elsewhere (a benchmark run with
+    --runs-dir, or a fresh checkout: run directories are not committed) takes its approx_kl from
+    the benchmark's timings.csv (the same mean over iterations), the rest NaN."""
+    means = [run_means(source, env, seed, mode) for seed in seeds]
+    if all(math.isfinite(m["approx_kl"]) for m in means):
+        return means
+    timing = read_timings(source)
+    timing = timing[(timing["env"] == env) & (timing["mode"] == mode)]
+    for m, seed in zip(means, seeds):
+        if not math.isfinite(m["approx_kl"]):
+            m["approx_kl"] = stats_mean(timing.loc[timing["seed"] == seed, "approx_kl"])
+    return means
+
+
 def stats_mean(values: Sequence[Any]) -> float:
     """The mean of the finite numbers among `values`; NaN when there are none (pure)."""
     x = stats.finite(pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce").to_numpy(np.float64))
@@ -282,7 +297,7 @@ def env_rows(args: Args, out: str, env: str, reference: float) -> list[dict[str,
         runs = k0 if k == 0 else final_runs(source, env, args.seeds)
         if runs.empty:
             continue
-        means = [run_means(source, env, int(seed)) for seed in sorted(set(runs["seed"]))]
+        means = seed_means(source, env, MODE, sorted(int(s) for s in set(runs["seed"])))
         rows.append({"env": env, "correction": correction, "K": k, "target": target,
                      **cell_row(runs, reference, target, means)})
     return rows
@@ -300,10 +315,7 @@ def emergent_row(source: str, env: str, seeds: int, reference: float, target: fl
     seeds_run = sorted(int(s) for s in set(runs["seed"]))
     timing = read_timings(source)
     timing = timing[(timing["env"] == env) & (timing["mode"] == mode) & timing["seed"].isin(seeds_run)]
-    means = [run_means(source, env, seed, mode) for seed in seeds_run]
-    for m, seed in zip(means, seeds_run):
-        if not math.isfinite(m["approx_kl"]):
-            m["approx_kl"] = stats_mean(timing.loc[timing["seed"] == seed, "approx_kl"])
+    means = seed_means(source, env, mode, seeds_run)
     return {"env": env, "correction": EMERGENT, "K": stats_mean(timing["lag_mean"]), "target": target,
             **cell_row(runs, reference, target, means), "lag_shares": json.dumps(lag_fractions(list(timing["lag_histogram"])))}
 
