@@ -216,7 +216,8 @@ def test_a_stored_config_drops_what_older_configs_held_where_a_field_did_nothing
 
 
 def test_the_committed_benchmarks_read_their_samplers_in_todays_spelling():
-    """Every committed benchmark.json recorded its samplers as `threaded.num_samplers`: read back
+    """Every committed benchmark.json recorded before num_samplers left threaded.* holds its
+    samplers as `threaded.num_samplers` (one recorded since: as `num_samplers`): read back
     (silently) it holds them in `num_samplers`, and where today's plan runs the same layout
     (benchmark_v3: one sampler; benchmark_slow, mujoco-slow: 8 with their latencies and 8-chunk
     batches) no sampler field differs from today's config (`store.as_today`, the comparison that
@@ -234,7 +235,9 @@ def test_the_committed_benchmarks_read_their_samplers_in_todays_spelling():
                 warnings.simplefilter("error")
                 read = config_from_dict(recorded)
                 today = store.as_today(recorded)
-            assert read.num_samplers == recorded["threaded"]["num_samplers"] == today["num_samplers"], (path, key)
+            spelled = recorded.get("num_samplers")
+            spelled = recorded["threaded"]["num_samplers"] if spelled is None else spelled
+            assert spelled is not None and read.num_samplers == spelled == today["num_samplers"], (path, key)
             assert today["threaded"]["num_samplers"] is None and today["lag"]["num_samplers"] is None
     from ppo_async.study.benchmark.relabel import old_labels, relabel_spec
 
