@@ -425,7 +425,16 @@ TEXT_REPORTS = (".txt",)
 
 # results directories written by `python -m ppo_async benchmark` (no script of their own): what each is
 BENCHMARK_DIRS = {
-    "benchmark": "`python -m ppo_async benchmark`: suites of envs x modes x seeds, evaluated against published reference figures.",
+    "benchmark": "`python -m ppo_async benchmark --suite mujoco`: Gymnasium MuJoCo v5 x barrier, async (barrier without "
+                 "the barrier: PPO's clip at lag 1) and async-decoupled x 5 seeds at 1M env steps, evaluated against "
+                 "published reference figures; the runs shared the machine with other work, so its wall-clock "
+                 "columns are not timings (benchmark_timing is).",
+    "benchmark_timing": "`python -m ppo_async benchmark --suite mujoco --seeds 1 --total-env-steps 204800 --modes barrier "
+                        "async`, one run at a time on an otherwise idle machine: where barrier's time goes per "
+                        "iteration, the overlap roofline, and async's measured speedup against it.",
+    "benchmark_two_modes": "The earlier mujoco benchmark (before the modes were relabelled and the normalisation "
+                           "became the learner's): barrier against `async-decoupled` (then labelled `async`: 4 "
+                           "samplers sharing the preset's 16 envs, decoupled PPO, lag ~1.1), 5 seeds at 1M env steps.",
     "benchmark_init_log_std_0": "`python -m ppo_async benchmark --set network.init_log_std=0.0`: the mujoco suite "
                                 "with the gymnasium preset as it was before it took an initial log-std of -0.5 "
                                 "(policy std 1.0, CleanRL's): the benchmark the preset change was judged against.",

@@ -387,6 +387,7 @@ def test_a_threaded_benchmark_writes_timings_and_the_report_its_roofline(tmp_pat
     assert json.loads(barrier["lag_histogram"])[0] == barrier["iterations"] * 256  # barrier: every sample at lag 0
     text = (out / "report.md").read_text()
     assert "## Where the time goes" in text and "roofline" in text and "| Pendulum-v1 | async |" in text
+    assert "async-decoupled" not in text  # (a mode the benchmark did not run has no row)
 
 
 def test_a_threaded_run_cut_short_resumes_from_its_last_evaluation(tmp_path, monkeypatch):

@@ -219,7 +219,7 @@ def test_the_committed_benchmarks_read_their_samplers_in_todays_spelling():
     """Every committed benchmark.json recorded before num_samplers left threaded.* holds its
     samplers as `threaded.num_samplers` (one recorded since: as `num_samplers`): read back
     (silently) it holds them in `num_samplers`, and where today's plan runs the same layout
-    (benchmark_v3: one sampler; benchmark_slow, mujoco-slow: 8 with their latencies and 8-chunk
+    (results/benchmark: one sampler; pending/benchmark_slow, mujoco-slow: 8 with their latencies and 8-chunk
     batches) no sampler field differs from today's config (`store.as_today`, the comparison that
     decides what a benchmark reruns)."""
     import ppo_async.study.benchmark as bm
@@ -241,8 +241,8 @@ def test_the_committed_benchmarks_read_their_samplers_in_todays_spelling():
             assert today["threaded"]["num_samplers"] is None and today["lag"]["num_samplers"] is None
     from ppo_async.study.benchmark.relabel import old_labels, relabel_spec
 
-    for name, samplers in (("benchmark_v3", 1), ("benchmark_slow", 8)):
-        with open(os.path.join(REPO_ROOT, "experiments", "pending", name, "benchmark.json"), encoding="utf-8") as f:
+    for name, samplers in (("results/benchmark", 1), ("pending/benchmark_slow", 8)):
+        with open(os.path.join(REPO_ROOT, "experiments", name, "benchmark.json"), encoding="utf-8") as f:
             spec = json.load(f)
         spec = relabel_spec(spec) if old_labels(spec) else spec  # (the mode labels of today: a relabel's rewrite)
         plan = bm.resolve_plan(spec["suite"], spec["envs"], spec["modes"], spec["seeds"], spec["total_env_steps"],

@@ -35,7 +35,8 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
     # (log-std -0.5 instead of CleanRL's 0: the ablation's largest factor, every HalfCheetah seed
     # on the fast gait). Its figures are the benchmark's: `python -m ppo_async benchmark --suite
     # mujoco` (experiments/results/benchmark; the preset with log-std 0 beside it in
-    # experiments/results/benchmark_init_log_std_0).
+    # experiments/results/benchmark_init_log_std_0, on the two-mode benchmark of the time,
+    # experiments/results/benchmark_two_modes).
     "gymnasium/": {
         "ppo.gamma": 0.99,
         "ppo.num_epochs": 10,
