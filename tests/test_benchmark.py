@@ -356,15 +356,17 @@ def test_timing_row_and_roofline_by_hand():
     from ppo_async.study.benchmark import timings
 
     rows = [{"iteration": 1, "learner_update_s": 0.10, "learner_place_s": 0.01, "learner_wait_s": 0.5, "approx_kl": 0.01,
-             "lag_mean": 0.0, "lag_histogram": [8], "wall_time": 1.0},
+             "kl_staleness": 0.0, "kl_update": 0.01, "lag_mean": 0.0, "lag_histogram": [8], "wall_time": 1.0},
             {"iteration": 2, "learner_update_s": 0.20, "learner_place_s": 0.01, "learner_fetch_s": 0.02, "learner_wait_s": 0.7,
-             "approx_kl": 0.03, "lag_mean": 1.0, "lag_histogram": [2, 6], "wall_time": 2.5,
+             "approx_kl": 0.03, "kl_staleness": 0.08, "kl_update": 0.05, "lag_mean": 1.0, "lag_histogram": [2, 6],
+             "wall_time": 2.5,
              "sampler_rollout_s": [1.0, 1.4], "sampler_latency_s": [0.2, 0.0]}]
     row = timings.timing_row(rows, "E", "barrier", 0, chunks_per_iteration=2, num_samplers=2)
     assert row["sample_s"] == pytest.approx(1.4 / 2)  # max(1.0 + 0.2, 1.4 + 0.0) over 2 chunks each
     assert row["learn_s"] == pytest.approx((0.11 + 0.23) / 2) and row["wait_s"] == pytest.approx(0.6)
     assert (row["iterations"], row["wall_s"], row["lag_histogram"]) == (2, 2.5, "[10, 6]")
     assert row["approx_kl"] == pytest.approx(0.02)
+    assert (row["kl_staleness"], row["kl_update"]) == (pytest.approx(0.04), pytest.approx(0.03))
     assert timings.roofline(0.3, 0.1) == pytest.approx(4 / 3) and timings.roofline(0.1, 0.1) == 2.0
     assert math.isnan(timings.roofline(math.nan, 0.1))
     assert timings.lag_fractions(["[10, 6]", "[0, 0, 2, 2]"]) == pytest.approx([0.5, 0.3, 0.1, 0.1])
@@ -388,6 +390,8 @@ def test_a_threaded_benchmark_writes_timings_and_the_report_its_roofline(tmp_pat
     text = (out / "report.md").read_text()
     assert "## Where the time goes" in text and "roofline" in text and "| Pendulum-v1 | async |" in text
     assert "async-decoupled" not in text  # (a mode the benchmark did not run has no row)
+    assert "| approx KL | KL staleness | KL update |" in text
+    assert df["kl_staleness"].notna().all() and (df[df["mode"] == "barrier"]["kl_staleness"] < 1e-3).all()
 
 
 def test_a_threaded_run_cut_short_resumes_from_its_last_evaluation(tmp_path, monkeypatch):
