@@ -68,7 +68,8 @@ REPO = os.path.dirname(HERE)
 MODE = "barrier"  # the benchmark mode every cell runs (one sampler, scheduled lag)
 K0 = "barrier-K0"  # the K = 0 cell: the benchmark's barrier runs, unchanged
 EMERGENT = "emergent"  # the table's row of the default async mode's runs (--emergent-from)
-METRICS = ("approx_kl", "clip_fraction", "ess_fraction")  # means over each run's iterations
+METRICS = ("approx_kl", "kl_staleness", "clip_fraction", "ess_fraction")  # means over each run's iterations
+FROM_TIMINGS = ("approx_kl", "kl_staleness")  # those a benchmark's timings.csv also holds
 
 CORRECTIONS: dict[str, dict[str, Any]] = {
     "ppo": {"ppo.clip_eps": 0.2},
@@ -228,16 +229,17 @@ def run_means(source: str, env: str, seed: int, mode: str = MODE) -> dict[str, f
 
 def seed_means(source: str, env: str, mode: str, seeds: Sequence[int]) -> list[dict[str, float]]:
     """`run_means` of each seed's run; a run whose directory is elsewhere (a benchmark run with
-    --runs-dir, or a fresh checkout: run directories are not committed) takes its approx_kl from
-    the benchmark's timings.csv (the same mean over iterations), the rest NaN."""
+    --runs-dir, or a fresh checkout: run directories are not committed) takes its approx_kl and
+    kl_staleness from the benchmark's timings.csv (the same means over iterations), the rest NaN."""
     means = [run_means(source, env, seed, mode) for seed in seeds]
-    if all(math.isfinite(m["approx_kl"]) for m in means):
+    if all(math.isfinite(m[name]) for m in means for name in FROM_TIMINGS):
         return means
     timing = read_timings(source)
     timing = timing[(timing["env"] == env) & (timing["mode"] == mode)]
     for m, seed in zip(means, seeds):
-        if not math.isfinite(m["approx_kl"]):
-            m["approx_kl"] = stats_mean(timing.loc[timing["seed"] == seed, "approx_kl"])
+        for name in FROM_TIMINGS:
+            if not math.isfinite(m[name]):
+                m[name] = stats_mean(timing.loc[timing["seed"] == seed, name])
     return means
 
 
@@ -360,8 +362,8 @@ def lag_table(args: Args, out: str) -> pd.DataFrame:
 
 def plot_env(table: pd.DataFrame, env: str, path: str) -> None:
     """OUT/lag_tolerance_<env>.png: normalised final evaluation vs K (95% CI bars), one line per
-    correction through the shared K = 0 point; beside it mean KL to the behaviour policy vs K with
-    the 0.01 / 0.03 guides."""
+    correction through the shared K = 0 point; beside it mean KL to the behaviour policy vs K
+    (approx_kl solid, its staleness part dashed) with the 0.01 / 0.03 guides."""
     part = table[table["env"] == env]
     zero = part[part["K"] == 0]
     fig, (ret_ax, kl_ax) = figures.figure(1, 2, figsize=(11.0, 4.2))
@@ -372,6 +374,7 @@ def plot_env(table: pd.DataFrame, env: str, path: str) -> None:
         color = f"C{i}"  # one colour per correction in both panels
         ret_ax.errorbar(x, y, yerr=np.nan_to_num(err), marker="o", capsize=3, color=color, label=correction)
         kl_ax.plot(x, line["approx_kl"].to_numpy(float), marker="o", color=color)
+        kl_ax.plot(x, line["kl_staleness"].to_numpy(float), marker="x", linestyle="--", color=color)
     emergent = part[part["correction"] == EMERGENT]
     if len(emergent):
         e = emergent.iloc[0]
@@ -380,7 +383,8 @@ def plot_env(table: pd.DataFrame, env: str, path: str) -> None:
                         color="black", linestyle="none", label=f"{bm.DEFAULT_ASYNC_MODE}: emergent lag (mean {e['K']:.2f})")
         kl_ax.plot([e["K"]], [e["approx_kl"]], marker="*", markersize=12, color="black", linestyle="none")
     ret_ax.set(xlabel="lag K (versions)", ylabel="final eval, normalised (1 = reference; 95% CI)", title=env)
-    kl_ax.set(xlabel="lag K (versions)", ylabel="mean approx KL to the behaviour policy", title=f"{env}: KL vs K")
+    kl_ax.set(xlabel="lag K (versions)", ylabel="mean KL to the behaviour policy (solid: approx_kl; dashed: staleness)",
+              title=f"{env}: KL vs K")
     figures.kl_guides(kl_ax)
     ks = sorted(int(k) for k in part.loc[part["correction"] != EMERGENT, "K"].unique())
     for ax in (ret_ax, kl_ax):
@@ -420,7 +424,9 @@ def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
         "seeds (95% bootstrap CI), worst = the lowest seed;",
         f"steps to target = mean env steps to the first evaluation >= {args.fraction:g} x K = 0's mean final return "
         "(seeds reaching it / seeds; '-' for a non-positive return);",
-        "approx_kl (KL to the behaviour policy; 0.01 watch, 0.03 lag is hurting), clip_fraction, ess_fraction = means "
+        "approx_kl (KL to the behaviour policy; 0.01 watch, 0.03 lag is hurting), kl_staleness (its part from the lag "
+        "alone: KL(behaviour || the learner's policy when the iteration began); under PPO's clip the update is pulled "
+        "back towards the behaviour policy, so approx_kl can sit far below it), clip_fraction, ess_fraction = means "
         "over each run's iterations and the seeds", ""]
     if table.empty:
         return lines + ["(no finished runs yet)"]
