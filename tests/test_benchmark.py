@@ -367,6 +367,9 @@ def test_timing_row_and_roofline_by_hand():
     assert (row["iterations"], row["wall_s"], row["lag_histogram"]) == (2, 2.5, "[10, 6]")
     assert row["approx_kl"] == pytest.approx(0.02)
     assert (row["kl_staleness"], row["kl_update"]) == (pytest.approx(0.04), pytest.approx(0.03))
+    assert math.isnan(row["entropy_end"])  # (no entropy in these rows)
+    tail = [{**rows[0], "iteration": i, "entropy": float(i)} for i in range(1, 21)]  # the last 10%: iterations 19, 20
+    assert timings.timing_row(tail, "E", "barrier", 0, 2, 2)["entropy_end"] == pytest.approx(19.5)
     assert timings.roofline(0.3, 0.1) == pytest.approx(4 / 3) and timings.roofline(0.1, 0.1) == 2.0
     assert math.isnan(timings.roofline(math.nan, 0.1))
     assert timings.lag_fractions(["[10, 6]", "[0, 0, 2, 2]"]) == pytest.approx([0.5, 0.3, 0.1, 0.1])
@@ -390,7 +393,7 @@ def test_a_threaded_benchmark_writes_timings_and_the_report_its_roofline(tmp_pat
     text = (out / "report.md").read_text()
     assert "## Where the time goes" in text and "roofline" in text and "| Pendulum-v1 | async |" in text
     assert "async-decoupled" not in text  # (a mode the benchmark did not run has no row)
-    assert "| approx KL | KL staleness | KL update |" in text
+    assert "| approx KL | KL staleness | KL update | entropy |" in text
     assert df["kl_staleness"].notna().all() and (df[df["mode"] == "barrier"]["kl_staleness"] < 1e-3).all()
 
 

@@ -164,7 +164,7 @@ def timing_section(timings: pd.DataFrame) -> list[str]:
     lag_rows = []
     for (env, mode), part in timings.groupby(["env", "mode"], sort=True):
         shares = lag_fractions(list(part["lag_histogram"]))
-        kls = [_fmt(float(part[k].mean())) for k in ("approx_kl", "kl_staleness", "kl_update")]
+        kls = [_fmt(float(part[k].mean())) for k in ("approx_kl", "kl_staleness", "kl_update", "entropy_end")]
         lag_rows.append([env, mode, *kls, _fmt(float(part["lag_mean"].mean())), *(f"{100 * x:.1f}%" for x in shares)]
                         if shares else [env, mode, *kls, "-", "-", "-", "-", "-"])
     lines += ["KL to the behaviour policy mu (means over iterations and seeds; the article's thresholds: 0.01 "
@@ -172,9 +172,11 @@ def timing_section(timings: pd.DataFrame) -> list[str]:
               "KL(mu || the policy of each SGD step); its parts (`kl_parts`): staleness, KL(mu || the learner's "
               "policy when the iteration began), what the lag alone costs; update, KL(that policy || the policy of "
               "each SGD step), the step's size. With PPO's clip around mu, an update that starts far from mu "
-              "(staleness) is pulled back into mu's trust region, so approx KL can sit far below staleness:", "",
-              *_markdown(["env", "mode", "approx KL", "KL staleness", "KL update", "mean lag", "lag 0", "lag 1", "lag 2",
-                          "lag >= 3"], lag_rows), ""]
+              "(staleness) is pulled back into mu's trust region, so approx KL can sit far below staleness. Entropy: "
+              "the policy's mean entropy over the last 10% of iterations (how far its exploration noise has "
+              "collapsed):", "",
+              *_markdown(["env", "mode", "approx KL", "KL staleness", "KL update", "entropy", "mean lag", "lag 0", "lag 1",
+                          "lag 2", "lag >= 3"], lag_rows), ""]
     return lines
 
 

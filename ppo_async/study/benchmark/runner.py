@@ -107,9 +107,9 @@ def record_timing(out: str, run_dir: str, config: Config, env: str, mode: str, s
 
 def backfill_timings(out: str, plan: Plan, runs_dir: str | None) -> int:
     """Rows of OUT/timings.csv for finished runs that lack one (finished before timings.csv
-    existed) or whose row lacks a column added since (the KL parts), where the run directory is
+    existed) or whose row lacks a column added since (the KL parts, the final entropy), where the run directory is
     still here; returns how many rows were written."""
-    have = {(r.env, r.mode, int(r.seed)) for r in read_timings(out).itertuples() if not pd.isna(r.kl_staleness)}
+    have = {(r.env, r.mode, int(r.seed)) for r in read_timings(out).itertuples() if not pd.isna(r.entropy_end)}
     added = 0
     for env, mode, seed in sorted(finished_keys(out) - have):
         if env in plan.envs and mode in plan.modes and seed < plan.seeds:

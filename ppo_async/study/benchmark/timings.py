@@ -28,14 +28,16 @@ import pandas as pd
 
 TIMINGS_FILE = "timings.csv"
 TIMING_COLUMNS = ("env", "mode", "seed", "iterations", "sample_s", "learn_s", "wait_s", "wall_s", "approx_kl",
-                  "lag_mean", "lag_histogram", "kl_staleness", "kl_update")
+                  "lag_mean", "lag_histogram", "kl_staleness", "kl_update", "entropy_end")
 """timings.csv: per threaded run, means per learner iteration (seconds) of the busiest sampler's
 chunk time (`sample_s`), the learner's work (`learn_s`) and wait for data (`wait_s`); the run's
 wall seconds (its iteration loop); the mean approx KL to the behaviour policy and lag; the
 summed lag histogram (JSON list: samples at lag 0, 1, ...); the means of approx KL's two parts
 (`ppo_async.core.learner.diagnostics.kl_parts`): `kl_staleness`, KL(behaviour || the learner's
-policy when the iteration began), and `kl_update`, KL(that policy || the policy of each SGD step)
-(NaN in a file written before they were recorded, until `backfill_timings` rewrites the row)."""
+policy when the iteration began), and `kl_update`, KL(that policy || the policy of each SGD step);
+`entropy_end`, the policy's mean entropy over the last 10% of iterations (how far the
+exploration noise has collapsed). NaN in a file written before a column was recorded, until
+`backfill_timings` rewrites the row."""
 LEARNER_WORK = ("learner_update_s", "learner_place_s", "learner_fetch_s", "learner_publish_s", "learner_handover_s")
 
 
@@ -83,6 +85,7 @@ def timing_row(metrics: Sequence[Mapping[str, Any]], env: str, mode: str, seed: 
         "wall_s": float(rows[-1].get("wall_time", math.nan)), "approx_kl": _mean(rows, "approx_kl"),
         "lag_mean": _mean(rows, "lag_mean"), "lag_histogram": json.dumps([int(x) for x in histogram]),
         "kl_staleness": _mean(rows, "kl_staleness"), "kl_update": _mean(rows, "kl_update"),
+        "entropy_end": _mean(rows[len(rows) - max(1, len(rows) // 10):], "entropy"),
     }
 
 
