@@ -395,6 +395,18 @@ def test_a_threaded_benchmark_writes_timings_and_the_report_its_roofline(tmp_pat
     assert "async-decoupled" not in text  # (a mode the benchmark did not run has no row)
     assert "| approx KL | KL staleness | KL update | entropy |" in text
     assert df["kl_staleness"].notna().all() and (df[df["mode"] == "barrier"]["kl_staleness"] < 1e-3).all()
+    # A timings.csv written before the KL parts and the entropy were recorded, one row lost: the
+    # backfill rewrites both rows from the run directories, equal to the rows written at the end.
+    from ppo_async.study.benchmark.runner import backfill_timings
+
+    df.drop(columns=["kl_staleness", "kl_update", "entropy_end"]).iloc[:1].to_csv(out / timings.TIMINGS_FILE, index=False)
+    assert timings.read_timings(str(out))["entropy_end"].isna().all()
+    plan = bm.resolve_plan("classic", ["Pendulum-v1"], ["barrier", "async"], 1, 4096, 2048, 1,
+                           {"rollout.num_envs": 4, "rollout.num_steps": 64, "ppo.num_minibatches": 2})
+    assert backfill_timings(str(out), plan, None) == 2
+    again = timings.read_timings(str(out)).sort_values("mode", ignore_index=True)
+    pd.testing.assert_frame_equal(again, df.sort_values("mode", ignore_index=True), check_dtype=False)
+    assert backfill_timings(str(out), plan, None) == 0  # complete rows are left alone
 
 
 def test_a_threaded_run_cut_short_resumes_from_its_last_evaluation(tmp_path, monkeypatch):
