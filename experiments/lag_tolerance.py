@@ -68,8 +68,9 @@ REPO = os.path.dirname(HERE)
 MODE = "barrier"  # the benchmark mode every cell runs (one sampler, scheduled lag)
 K0 = "barrier-K0"  # the K = 0 cell: the benchmark's barrier runs, unchanged
 EMERGENT = "emergent"  # the table's row of the default async mode's runs (--emergent-from)
-METRICS = ("approx_kl", "kl_staleness", "clip_fraction", "ess_fraction")  # means over each run's iterations
-FROM_TIMINGS = ("approx_kl", "kl_staleness")  # those a benchmark's timings.csv also holds
+METRICS = ("approx_kl", "kl_staleness", "clip_fraction", "ess_fraction", "entropy_end")
+"""Per run: means over its iterations; entropy_end over the last 10% of them (`timings.timing_row`'s)."""
+FROM_TIMINGS = ("approx_kl", "kl_staleness", "entropy_end")  # those a benchmark's timings.csv also holds
 
 CORRECTIONS: dict[str, dict[str, Any]] = {
     "ppo": {"ppo.clip_eps": 0.2},
@@ -220,11 +221,13 @@ def final_runs(source: str, env: str, seeds: int, mode: str = MODE) -> pd.DataFr
 
 
 def run_means(source: str, env: str, seed: int, mode: str = MODE) -> dict[str, float]:
-    """The mean over iterations of each of `METRICS` in one run's metrics.jsonl (NaN when the run
-    directory or the metric is missing)."""
+    """The mean over iterations of each of `METRICS` in one run's metrics.jsonl, entropy_end the
+    mean policy entropy over its last 10% (NaN when the run directory or the metric is missing)."""
     path = os.path.join(bm.run_dir_of(source, env, mode, seed), "metrics.jsonl")
-    rows = read_jsonl(path, columns=METRICS) if os.path.isfile(path) else []
-    return {name: stats_mean([r.get(name) for r in rows]) for name in METRICS}
+    rows = read_jsonl(path, columns=(*METRICS, "entropy")) if os.path.isfile(path) else []
+    means = {name: stats_mean([r.get(name) for r in rows]) for name in METRICS}
+    means["entropy_end"] = stats_mean([r.get("entropy") for r in rows[len(rows) - max(1, len(rows) // 10):]])
+    return means
 
 
 def seed_means(source: str, env: str, mode: str, seeds: Sequence[int]) -> list[dict[str, float]]:
@@ -427,7 +430,8 @@ def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
         "approx_kl (KL to the behaviour policy; 0.01 watch, 0.03 lag is hurting), kl_staleness (its part from the lag "
         "alone: KL(behaviour || the learner's policy when the iteration began); under PPO's clip the update is pulled "
         "back towards the behaviour policy, so approx_kl can sit far below it), clip_fraction, ess_fraction = means "
-        "over each run's iterations and the seeds", ""]
+        "over each run's iterations and the seeds; entropy_end = the policy's entropy over the last 10% of "
+        "iterations (how far its exploration noise collapsed), mean over seeds", ""]
     if table.empty:
         return lines + ["(no finished runs yet)"]
     lines.append(formatted(table).to_string(index=False))

@@ -55,8 +55,8 @@ def test_cell_numbers_hand_computed():
     assert lag_tolerance.steps_to(runs[runs.seed == 1], 80.0) == 100.0
     assert math.isnan(lag_tolerance.steps_to(runs[runs.seed == 0], 95.0))
     assert lag_tolerance.fraction_target(100.0, 0.8) == 80.0 and math.isnan(lag_tolerance.fraction_target(-5.0, 0.8))
-    means = [{"approx_kl": 0.01, "kl_staleness": 0.05, "clip_fraction": 0.1, "ess_fraction": 0.9},
-             {"approx_kl": 0.03, "kl_staleness": 0.07, "clip_fraction": math.nan, "ess_fraction": 0.7}]
+    means = [{"approx_kl": 0.01, "kl_staleness": 0.05, "clip_fraction": 0.1, "ess_fraction": 0.9, "entropy_end": -1.0},
+             {"approx_kl": 0.03, "kl_staleness": 0.07, "clip_fraction": math.nan, "ess_fraction": 0.7, "entropy_end": 0.5}]
     row = lag_tolerance.cell_row(runs, reference=100.0, target=80.0, means=means)
     # finals 90 and 70 over a reference of 100: 0.9 and 0.7
     assert row["seeds"] == 2 and row["eval_mean"] == 80.0
@@ -65,6 +65,7 @@ def test_cell_numbers_hand_computed():
     assert row["steps_to_target"] == 150.0 and row["reached"] == 2
     assert row["approx_kl"] == pytest.approx(0.02) and row["clip_fraction"] == pytest.approx(0.1)
     assert row["ess_fraction"] == pytest.approx(0.8) and row["kl_staleness"] == pytest.approx(0.06)
+    assert row["entropy_end"] == pytest.approx(-0.25)
 
 
 def test_bad_options_are_one_line_errors():
@@ -140,18 +141,20 @@ def test_the_emergent_lag_is_placed_beside_the_fixed_k_cell_of_its_mean_lag(tmp_
     for seed, lag, histogram in ((0, 1.0, [0, 90, 10]), (1, 1.2, [10, 60, 20, 10])):
         write_timing(source, {"env": HOPPER, "mode": mode, "seed": seed, "iterations": 97, "sample_s": 0.3, "learn_s": 0.05,
                               "wait_s": 0.01, "wall_s": 100.0, "approx_kl": 0.01 * (seed + 1), "lag_mean": lag,
-                              "lag_histogram": json.dumps(histogram), "kl_staleness": 0.1 * (seed + 1)})
+                              "lag_histogram": json.dumps(histogram), "kl_staleness": 0.1 * (seed + 1),
+                              "entropy_end": float(seed)})
     row = lag_tolerance.emergent_row(source, HOPPER, seeds=3, reference=2383.0, target=2000.0)
     assert row["correction"] == lag_tolerance.EMERGENT and row["K"] == pytest.approx(1.1)
     assert row["seeds"] == 2 and row["norm_mean"] == pytest.approx((1.0 + 1.5) / 2)  # 2,383 and 3,574.5 over 2,383
     assert row["steps_to_target"] == pytest.approx((200_000 + 100_000) / 2) and row["reached"] == 2
     assert row["approx_kl"] == pytest.approx(0.015)  # timings.csv: no run directories here
-    assert row["kl_staleness"] == pytest.approx(0.15)
+    assert row["kl_staleness"] == pytest.approx(0.15) and row["entropy_end"] == pytest.approx(0.5)
     assert json.loads(row["lag_shares"]) == pytest.approx([0.05, 0.75, 0.15, 0.05])  # (0+10, 90+60, 10+20, 0+10) / 200
     assert lag_tolerance.emergent_row(source, "gymnasium/Walker2d-v5", 3, 1.0, 1.0) is None
     fixed = {"env": HOPPER, "correction": "ppo", "K": 1, "target": 2000.0, "seeds": 3, "eval_mean": 3000.0,
              "norm_mean": 1.2, "norm_ci_low": 1.0, "norm_ci_high": 1.4, "norm_worst": 1.0, "steps_to_target": 1.0,
-             "reached": 3, "approx_kl": 0.012, "kl_staleness": 0.02, "clip_fraction": 0.1, "ess_fraction": 0.9}
+             "reached": 3, "approx_kl": 0.012, "kl_staleness": 0.02, "clip_fraction": 0.1, "ess_fraction": 0.9,
+             "entropy_end": -1.0}
     table = pd.DataFrame([fixed, row])
     line = lag_tolerance.emergent_match(table, HOPPER)
     assert f"{mode} (emergent lag, mean 1.10; lag 0 5.0%, 1 75.0%, 2 15.0%, >= 3 5.0%) norm 1.25" in line
