@@ -229,6 +229,8 @@ CLI_CASES: list[tuple[str, str]] = [
     ("benchmark --suite nosuch", "suite"),
     ("benchmark --seeds x", "--seeds"),
     ("benchmark --modes fast", "--modes"),
+    ("benchmark --jobs 0", "jobs = 0"),
+    ("benchmark --jobs 2 --report-only --out {root}", "--jobs = 2 has no effect with --report-only"),
     ("launch --num-processes 1 -- train", "--num-processes"),
     ("launch --num-processes x -- train", "--num-processes"),
     ("launch --num-processes 2 --port 0 -- train", "--port"),

@@ -376,6 +376,31 @@ def test_timing_row_and_roofline_by_hand():
     assert timings.timing_row([{"iteration": 1, "policy_loss": 0.1}], "E", "sync", 0, 1, 1) is None  # no learner timings
 
 
+def test_runs_side_by_side_record_what_runs_one_after_another_record(tmp_path):
+    """jobs = 2: two runs trained at once in worker processes, recorded by the parent; seed 0's
+    rows equal those of the same run trained in this process (sync mode: deterministic), the
+    manifest says how many ran at once, and a second call finds both done."""
+    from ppo_async.study.manifest import read_manifest
+
+    spec = dict(suite="classic", envs=["Pendulum-v1"], modes=["sync"], total_env_steps=2048, eval_every_steps=1024,
+                eval_episodes=1, progress=False, changes={"rollout.num_envs": 4, "rollout.num_steps": 64,
+                                                           "ppo.num_minibatches": 2})
+    seen: list[tuple[int, str]] = []
+    side = pa.benchmark(seeds=2, out=tmp_path / "side", jobs=2, on_run=lambda e, m, s, how: seen.append((s, how)), **spec)
+    serial = pa.benchmark(seeds=1, out=tmp_path / "serial", **spec)
+    assert sorted(seen) == [(0, "fresh"), (1, "fresh")]
+    columns = ["checkpoint", "env_steps", "eval_return", "train_return", "final"]
+    pd.testing.assert_frame_equal(side[side["seed"] == 0][columns].reset_index(drop=True), serial[columns])
+    assert side[side["seed"] == 1]["eval_return"].notna().all()
+    manifest = read_manifest(str(tmp_path / "side"))
+    assert manifest["jobs"] == 2 and manifest["runs"] == {"fresh": 2}
+    seen.clear()
+    pa.benchmark(seeds=2, out=tmp_path / "side", jobs=2, on_run=lambda e, m, s, how: seen.append((s, how)), **spec)
+    assert sorted(seen) == [(0, "skipped"), (1, "skipped")]
+    with pytest.raises(ConfigError, match=r"^jobs = 0 is invalid: must be an integer >= 1"):
+        pa.benchmark(seeds=1, out=tmp_path / "bad", jobs=0, **spec)
+
+
 def test_a_threaded_benchmark_writes_timings_and_the_report_its_roofline(tmp_path):
     """A tiny classic benchmark in barrier and async: timings.csv holds a row per run and
     the report where the time goes, the roofline and the lag histogram."""

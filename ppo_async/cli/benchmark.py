@@ -48,6 +48,8 @@ class BenchmarkCommand:
     """Only write report.md and the plots again from DIR/results.csv."""
     relabel_modes: bool = False
     """Only bring a benchmark recorded before 2026-12-05 to today's mode labels (async-ppo -> async, async -> async-decoupled) in DIR's files and its run directories (--runs-dir), then write its report again."""
+    jobs: Annotated[int, tyro.conf.arg(metavar="N")] = 1
+    """Runs trained at once, each in its own process (results recorded by this one). Only for runs bound by simulated latency, not by the cores (mujoco-slow's barrier runs): a run's wall-clock is a timing only where it ran alone or was checked unchanged beside the others. Recorded in manifest.json."""
     quiet: bool = False
     """No per-run lines or progress bars."""
 
@@ -55,6 +57,9 @@ class BenchmarkCommand:
         from ppo_async.study.benchmark import benchmark, report  # here: `--help` and parse errors need no JAX
 
         self.check_paths()
+        if self.jobs != 1 and (self.relabel_modes or self.report_only):
+            raise ConfigError(f"--jobs = {self.jobs} has no effect with --{'relabel-modes' if self.relabel_modes else 'report-only'}: "
+                              "nothing is trained")
         if self.relabel_modes:
             return self.relabel()
         if self.report_only:
@@ -63,7 +68,7 @@ class BenchmarkCommand:
             return 0
         benchmark(self.suite, seeds=self.seeds, out=self.out, envs=self.envs, total_env_steps=self.total_env_steps,
                   modes=self.modes, eval_every_steps=self.eval_every_steps, eval_episodes=self.eval_episodes,
-                  progress=not self.quiet, changes=parse_assignments(self.set), runs_dir=self.runs_dir)
+                  progress=not self.quiet, changes=parse_assignments(self.set), runs_dir=self.runs_dir, jobs=self.jobs)
         print(f"benchmark done: {os.path.join(self.out, 'report.md')}", flush=True)
         return 0
 

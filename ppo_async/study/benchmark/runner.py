@@ -72,23 +72,36 @@ def finish_run(out: str, plan: Plan, env: str, mode: str, seed: int, done: set, 
                runs_dir: str | None = None) -> str:
     """One run of the benchmark, brought to "done" (rows in results.csv, done marker written).
     Returns what it took: "skipped", "rows rebuilt", "fresh", "resumed" or "completed"."""
-    run_dir = run_dir_of(out, env, mode, seed, runs_dir)
-    config = run_config(plan, env, mode, seed, run_dir)
-    marker = os.path.join(run_dir, DONE_FILE)
+    config = run_config(plan, env, mode, seed, run_dir_of(out, env, mode, seed, runs_dir))
+    how = without_training(config, env, mode, seed, done)
+    if how == "skipped":
+        return how
+    return record_run(out, plan, config, env, mode, seed, done, how or train_run(config, progress))
+
+
+def without_training(config: Config, env: str, mode: str, seed: int, done: set) -> str | None:
+    """What a run needs short of training: "skipped" (done: its done marker written where it
+    was lost), "rows rebuilt" / "completed" (trained to its end, its rows lost from results.csv
+    or never written), or None: it must be trained."""
+    marker = os.path.join(config.run_dir, DONE_FILE)
     if (env, mode, seed) in done:
         if not os.path.isfile(marker):
             write_json(marker, {"env": env, "mode": mode, "seed": seed})
         return "skipped"
-    if trained_to_end(run_dir, config):  # rows lost from results.csv, or killed before they were written
-        how = "rows rebuilt" if os.path.isfile(marker) else "completed"
-    else:
-        how = train_run(config, progress)
-    rows = rows_of_run(run_dir, config, plan.eval_every_steps, env, mode)
+    if trained_to_end(config.run_dir, config):  # rows lost from results.csv, or killed before they were written
+        return "rows rebuilt" if os.path.isfile(marker) else "completed"
+    return None
+
+
+def record_run(out: str, plan: Plan, config: Config, env: str, mode: str, seed: int, done: set, how: str) -> str:
+    """A run trained to its end brought to "done": its rows in results.csv and timings.csv, its
+    done marker; returns `how`."""
+    rows = rows_of_run(config.run_dir, config, plan.eval_every_steps, env, mode)
     if not rows or not rows[-1]["final"]:
-        raise RuntimeError(f"run {run_dir!r} ended without its final evaluation row")
+        raise RuntimeError(f"run {config.run_dir!r} ended without its final evaluation row")
     write_results(out, rows)
-    record_timing(out, run_dir, config, env, mode, seed)
-    write_json(marker, {"env": env, "mode": mode, "seed": seed, "rows": len(rows)})
+    record_timing(out, config.run_dir, config, env, mode, seed)
+    write_json(os.path.join(config.run_dir, DONE_FILE), {"env": env, "mode": mode, "seed": seed, "rows": len(rows)})
     done.add((env, mode, seed))
     return how
 
@@ -132,6 +145,7 @@ def benchmark(
     argv: Sequence[str] | None = None,
     changes: Mapping[str, Any] | None = None,
     runs_dir: str | os.PathLike | None = None,
+    jobs: int = 1,
 ) -> pd.DataFrame:
     """Runs (or resumes) a benchmark suite into `out` and writes its report; returns results.csv
     as a DataFrame.
@@ -154,10 +168,16 @@ def benchmark(
         folder) OUT holds only the results, report and manifest, ready to publish.
       changes: dotted config fields set over every run's preset and mode (an ablation, e.g.
         `{"rollout.normalize_reward": False}`); recorded in benchmark.json.
+      jobs: runs trained at once, each in its own process (`parallel.run_side_by_side`); 1 = one
+        after another in this process. Only for runs bound by simulated latency, not by the cores
+        (mujoco-slow's barrier runs): a run's wall-clock is a timing only where it ran alone or
+        was checked unchanged beside the others. Recorded in manifest.json.
 
     Raises:
       ConfigError: bad arguments (`resolve_plan`), or an out directory of other arguments/configs.
     """
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ConfigError(f"jobs = {jobs!r} is invalid: must be an integer >= 1 (runs trained at once)")
     plan = resolve_plan(suite, envs, modes, seeds, total_env_steps, eval_every_steps, eval_episodes, changes)
     require_rliable()  # before hours of runs, not at the report
     out = os.fspath(out)
@@ -166,17 +186,25 @@ def benchmark(
     with Manifest(out, argv=argv, extra={"benchmark": plan._asdict()}) as manifest:
         done = finished_keys(out)
         counts: dict[str, int] = {}
-        for seed in range(plan.seeds):
-            for env in plan.envs:
-                for mode in plan.modes:
-                    if progress:
-                        print(f"benchmark {env} {mode} seed {seed}", flush=True)
-                    how = finish_run(out, plan, env, mode, seed, done, progress,
-                                     None if runs_dir is None else os.fspath(runs_dir))
-                    counts[how] = counts.get(how, 0) + 1
-                    if on_run is not None:
-                        on_run(env, mode, seed, how)
+
+        def count(env: str, mode: str, seed: int, how: str) -> None:
+            counts[how] = counts.get(how, 0) + 1
+            if on_run is not None:
+                on_run(env, mode, seed, how)
+
+        keys = [(env, mode, seed) for seed in range(plan.seeds) for env in plan.envs for mode in plan.modes]
+        runs_dir = None if runs_dir is None else os.fspath(runs_dir)
+        if jobs > 1:
+            from ppo_async.study.benchmark.parallel import run_side_by_side
+
+            run_side_by_side(out, plan, keys, done, runs_dir, jobs, progress, count)
+        else:
+            for env, mode, seed in keys:
+                if progress:
+                    print(f"benchmark {env} {mode} seed {seed}", flush=True)
+                count(env, mode, seed, finish_run(out, plan, env, mode, seed, done, progress, runs_dir))
         manifest.extra["runs"] = counts
+        manifest.extra["jobs"] = jobs
         backfill_timings(out, plan, None if runs_dir is None else os.fspath(runs_dir))
         report(out)
     return results_frame(out)
