@@ -71,6 +71,7 @@ EMERGENT = "emergent"  # the table's row of the default async mode's runs (--eme
 METRICS = ("approx_kl", "kl_staleness", "clip_fraction", "ess_fraction", "entropy_end")
 """Per run: means over its iterations; entropy_end over the last 10% of them (`timings.timing_row`'s)."""
 FROM_TIMINGS = ("approx_kl", "kl_staleness", "entropy_end")  # those a benchmark's timings.csv also holds
+TOLERANCE = 0.1  # a K is tolerated when its mean final eval return is within 10% of K = 0's (issue 41)
 
 CORRECTIONS: dict[str, dict[str, Any]] = {
     "ppo": {"ppo.clip_eps": 0.2},
@@ -347,6 +348,31 @@ def emergent_match(table: pd.DataFrame, env: str) -> str | None:
             f"KL {f['approx_kl']:.4f}: {'inside' if inside else 'outside'} its 95% CI")
 
 
+def tolerance_line(table: pd.DataFrame, env: str, correction: str, within: float = TOLERANCE) -> str | None:
+    """One line: the largest K that `correction` tolerates on `env`, i.e. whose mean final eval
+    return, and that of every smaller K run, is within `within` of K = 0's (at least K0 - within x
+    |K0|), with each cell's ratio to K = 0 (issue 41's finding per correction; pure). None without
+    a K = 0 row or a cell of that correction."""
+    part = table[table["env"] == env]
+    zero = part[part["K"] == 0]
+    cells = part[part["correction"] == correction].sort_values("K")
+    if zero.empty or cells.empty or not math.isfinite(float(zero.iloc[0]["eval_mean"])):
+        return None
+    k0 = float(zero.iloc[0]["eval_mean"])
+    floor = k0 - within * abs(k0)
+    largest, broken, said = 0, False, []
+    for k, value, seeds in zip(cells["K"], cells["eval_mean"], cells["seeds"]):
+        ok = math.isfinite(value) and value >= floor
+        if ok and not broken:
+            largest = int(k)
+        broken = broken or not ok
+        said.append(f"K = {int(k)} {value:,.0f} ({value / k0:.2f}x, {int(seeds)} seeds)" if math.isfinite(value)
+                    else f"K = {int(k)} -")
+    verdict = f"up to K = {largest}" if largest else "no K tested"
+    return (f"{correction} on {env}: tolerates {verdict} within {100 * within:g}% of K = 0's {k0:,.0f} "
+            f"({'; '.join(said)})")
+
+
 def lag_table(args: Args, out: str) -> pd.DataFrame:
     """Every env's rows (`env_rows`), references from the benchmark's references.json."""
     references = bm.normalising_references(bm.load_references())
@@ -435,6 +461,11 @@ def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
     if table.empty:
         return lines + ["(no finished runs yet)"]
     lines.append(formatted(table).to_string(index=False))
+    tolerated = [line for env in dict.fromkeys(table["env"]) for correction in CORRECTIONS
+                 if (line := tolerance_line(table, env, correction))]
+    if tolerated:
+        lines += ["", f"the largest K each correction tolerates: its mean final eval, and that of every smaller K, "
+                      f"within {100 * TOLERANCE:g}% of K = 0's:", *tolerated]
     lines += ["", f"corrections: {', '.join(f'{k} = {v}' for k, v in CORRECTIONS.items() if k in set(table['correction']))}"
               "; decoupled adds ppo.prox_ewma = 1 - 2 / (SGD steps per iteration)",
               f"K = 0 from: {args.k0_from or 'OUT/<env>/' + K0}",

@@ -165,3 +165,17 @@ def test_the_emergent_lag_is_placed_beside_the_fixed_k_cell_of_its_mean_lag(tmp_
     path = str(tmp_path / "fig.png")
     lag_tolerance.plot_env(table, HOPPER, path)
     assert os.path.getsize(path) > 0
+
+
+def test_the_largest_tolerated_k_by_hand():
+    """Tolerated: the cell's mean final eval and every smaller K's within 10% of K = 0's; a K
+    within again after one that is not does not count (issue 41's finding per correction)."""
+    rows = [("-", 0, 1000.0), ("ppo", 1, 1050.0), ("ppo", 2, 905.0), ("ppo", 4, 850.0), ("ppo", 8, 950.0),
+            ("vtrace", 1, 899.0), ("vtrace", 2, 990.0)]
+    table = pd.DataFrame([{"env": HOPPER, "correction": c, "K": k, "eval_mean": v, "seeds": 3} for c, k, v in rows])
+    line = lag_tolerance.tolerance_line(table, HOPPER, "ppo")
+    assert line.startswith(f"ppo on {HOPPER}: tolerates up to K = 2 within 10% of K = 0's 1,000 (K = 1 1,050 (1.05x, 3 seeds)")
+    assert "K = 4 850 (0.85x, 3 seeds); K = 8 950 (0.95x, 3 seeds)" in line
+    assert "tolerates no K tested" in lag_tolerance.tolerance_line(table, HOPPER, "vtrace")
+    assert lag_tolerance.tolerance_line(table, HOPPER, "decoupled") is None
+    assert lag_tolerance.tolerance_line(table[table.K > 0], HOPPER, "ppo") is None
