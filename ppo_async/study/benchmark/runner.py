@@ -1,16 +1,27 @@
 """Running a benchmark: every env x mode x seed of the plan brought to "done" (trained, resumed,
 completed or skipped, its rows in results.csv), then the report (`benchmark`).
+
+Runs side by side (`jobs` > 1, `run_side_by_side`), for runs bound by simulated latency rather
+than by the cores: this process keeps the results store - it decides which runs need training
+(`without_training`), hands each to a worker process (spawned: a fresh interpreter and JAX of its
+own, this process's environment, XLA flags and compilation cache included) that only trains it
+(`train_in_worker`), and records each run's rows as it finishes (`record_run`), one writer for
+results.csv and timings.csv. A run that fails stops the benchmark once the runs in flight have
+ended; every run that finished is recorded, and the same command resumes the rest.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as futures
+import multiprocessing
 import os
 import time
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
-from ppo_async.config import Config, ConfigError
+from ppo_async.config import Config, ConfigError, config_from_dict, config_to_dict
 from ppo_async.modes.registry import get_mode
 from ppo_async.modes.train import train
 from ppo_async.report.metrics import read_jsonl
@@ -131,6 +142,61 @@ def backfill_timings(out: str, plan: Plan, runs_dir: str | None) -> int:
     return added
 
 
+def train_in_worker(config: dict[str, Any]) -> str:
+    """A worker's whole job: trains one run (`train_run`, no progress bar); returns how
+    ("fresh" or "resumed")."""
+    return train_run(config_from_dict(config), progress=False)
+
+
+def run_side_by_side(out: str, plan: Plan, keys: Sequence[tuple[str, str, int]], done: set, runs_dir: str | None,
+                     jobs: int, progress: bool, on_done: Callable[[str, str, int, str], None]) -> None:
+    """Brings every run of `keys` (env, mode, seed) to done with up to `jobs` training at once,
+    started in `keys`' order; `on_done(env, mode, seed, how)` as each is recorded (runs that need
+    no training first). Raises the first failure (a worker's exception, or a RuntimeError naming
+    the run whose worker died) after the runs in flight have ended and been recorded."""
+    pending = []
+    for env, mode, seed in keys:
+        config = run_config(plan, env, mode, seed, run_dir_of(out, env, mode, seed, runs_dir))
+        how = without_training(config, env, mode, seed, done)
+        if how is None:
+            pending.append((env, mode, seed, config))
+        else:
+            on_done(env, mode, seed, how if how == "skipped" else record_run(out, plan, config, env, mode, seed, done, how))
+    if not pending:
+        return
+    failure: BaseException | None = None
+    context = multiprocessing.get_context("spawn")
+    with futures.ProcessPoolExecutor(max_workers=min(jobs, len(pending)), mp_context=context) as pool:
+        running = {}
+        for env, mode, seed, config in pending:
+            running[pool.submit(train_in_worker, config_to_dict(config))] = (env, mode, seed, config)
+            if progress:
+                print(f"benchmark {env} {mode} seed {seed}: queued ({jobs} at once)", flush=True)
+        try:
+            for future in futures.as_completed(running):
+                env, mode, seed, config = running[future]
+                try:
+                    how = future.result()
+                except BrokenProcessPool:
+                    failure = failure or RuntimeError(
+                        f"the worker process training {env} {mode} seed {seed} died (killed, or out of memory); "
+                        "finished runs are recorded: run the same command again to resume the rest")
+                    continue
+                except Exception as exc:  # noqa: BLE001 - re-raised below, once the runs in flight are recorded
+                    if failure is None:
+                        failure = exc
+                        pool.shutdown(wait=False, cancel_futures=True)
+                    continue
+                on_done(env, mode, seed, record_run(out, plan, config, env, mode, seed, done, how))
+                if progress:
+                    print(f"benchmark {env} {mode} seed {seed}: {how}, done", flush=True)
+        except KeyboardInterrupt:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    if failure is not None:
+        raise failure
+
+
 def benchmark(
     suite: str = "mujoco",
     seeds: int = 5,
@@ -168,7 +234,7 @@ def benchmark(
         folder) OUT holds only the results, report and manifest, ready to publish.
       changes: dotted config fields set over every run's preset and mode (an ablation, e.g.
         `{"rollout.normalize_reward": False}`); recorded in benchmark.json.
-      jobs: runs trained at once, each in its own process (`parallel.run_side_by_side`); 1 = one
+      jobs: runs trained at once, each in its own process (`run_side_by_side`); 1 = one
         after another in this process. Only for runs bound by simulated latency, not by the cores
         (mujoco-slow's barrier runs): a run's wall-clock is a timing only where it ran alone or
         was checked unchanged beside the others. Recorded in manifest.json.
@@ -195,8 +261,6 @@ def benchmark(
         keys = [(env, mode, seed) for seed in range(plan.seeds) for env in plan.envs for mode in plan.modes]
         runs_dir = None if runs_dir is None else os.fspath(runs_dir)
         if jobs > 1:
-            from ppo_async.study.benchmark.parallel import run_side_by_side
-
             run_side_by_side(out, plan, keys, done, runs_dir, jobs, progress, count)
         else:
             for env, mode, seed in keys:
