@@ -343,6 +343,7 @@ def test_a_peer_killed_before_its_heartbeat_thread_beats_is_named_dead():
     finally:
         survivor.stop_heartbeat()
     assert told and told[0].startswith("process 1 died (no heartbeat for 0.5s"), told
+    assert told[0].endswith("; process 0 stopped with it"), told  # the line the survivor ends with, whichever path
     assert 0.5 <= time.monotonic() - start < 3.0
 
 

@@ -343,7 +343,7 @@ class Exchange:
                 self._dead = dead
                 if on_peer_failure is not None and not told and (self._dead or failed):
                     told = True
-                    on_peer_failure(self.describe_failure(wait_s=0.0) or "")
+                    on_peer_failure(self.stopped_with(self.describe_failure(wait_s=0.0) or "a peer failed"))
 
         threading.Thread(target=beat, name="ppo_async-heartbeat", daemon=True).start()
 
@@ -379,6 +379,12 @@ class Exchange:
         parts += [f"process {p} died (no heartbeat for {self.config.distributed.heartbeat_timeout_s / 2:.1f}s: "
                   "killed, or its machine went away)" for p in dead]
         return "; ".join(parts) or None
+
+    def stopped_with(self, peers: str) -> str:
+        """The line this process ends with when it stops because of its peers (`describe_failure`),
+        whichever path found them first (the heartbeat thread, a wait on the store, a collective
+        that failed: `blame` adds the error it saw)."""
+        return f"{peers}; process {self.process_id} stopped with it"
 
     # -- the run directory
     def announce_run_dir(self, outcome: str) -> None:
@@ -491,7 +497,7 @@ class Exchange:
         peers = self.describe_failure(wait_s=self.config.distributed.heartbeat_timeout_s / 2 + 1.0 if collective else 0.2)
         if peers:
             first_line = (str(exc).splitlines() or [""])[0][:300]
-            return DistributedFailure(f"{peers}; process {self.process_id} stopped with it ({type(exc).__name__}: {first_line})")
+            return DistributedFailure(f"{self.stopped_with(peers)} ({type(exc).__name__}: {first_line})")
         self.report_failure(f"{type(exc).__name__}: {exc}")
         return exc
 
@@ -507,7 +513,7 @@ class Exchange:
                 return None
             failure = self.describe_failure(wait_s=0.0)
             if failure:
-                raise DistributedFailure(failure)
+                raise DistributedFailure(self.stopped_with(failure))
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"process {self.process_id} waited {timeout_s:.0f}s for {key} from the other processes")
 
