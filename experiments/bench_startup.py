@@ -241,7 +241,8 @@ def breakdown_lines(name: str, startup: dict[str, Any]) -> list[str]:
     parts = ["before_train_s", "setup_s", "tracing_s", "lowering_s", "compile_s", "writers_s", "first_iteration_s"]
     cells = ", ".join(f"{p[:-2]} {startup[p]:.2f}" for p in parts if startup.get(p) is not None)
     return [f"  {name:<5} first result after {startup['first_result_s'] or float('nan'):.2f}s: {cells} "
-            f"({startup['compiles']:.0f} programs, {startup['cache_hits']:.0f} from the cache)"]
+            f"({startup['compiles']:.0f} programs, {startup['cache_hits']:.0f} from the cache; "
+            f"{startup.get('program_cache_hits', 0):.0f} traced programs from the program cache)"]
 
 
 def report(results: dict[str, Any]) -> str:

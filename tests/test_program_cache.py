@@ -1,12 +1,21 @@
 """The jitted modes keep compiled programs across runs of one process (`common._JITTED`):
 a repeat of a shape reuses its program and gives the same numbers; a different shape or
-static field compiles its own."""
+static field compiles its own. Across processes, `runtime.program_cache` keeps the traced
+programs (`jax.export`): a run that reads them gives bitwise the numbers of one that traced
+them; a patched function, a corrupt file or an unexportable program is never a stale program."""
 
 from __future__ import annotations
 
+import os
+
+import jax
+import numpy as np
+import pytest
 
 import ppo_async as pa
 from ppo_async.modes import common
+from ppo_async.runtime import program_cache
+from ppo_async.runtime.xla_flags import enable_compilation_cache
 from ppo_async.modes.common import jitted_program_key
 from ppo_async.modes.simulated import build_simulated
 from ppo_async.modes.sync import build_sync
@@ -50,3 +59,119 @@ def test_static_fields_and_modes_get_their_own_program():
     assert jitted_program_key(build_sync, more_epochs) != jitted_program_key(build_sync, base)
     assert jitted_program_key(build_sync, base.replace(seed=5, log_every=3)) == jitted_program_key(build_sync, base)
     assert jitted_program_key(build_sync, base) != jitted_program_key(build_simulated, base)
+
+
+# ---------------------------------------------------------------------------- across processes
+
+
+@pytest.fixture
+def disk_cache(tmp_path):
+    """JAX's persistent cache (and so the program cache) in a directory of this test, the
+    suite's own restored after; the in-process programs forgotten before and after. Yields
+    the list the program cache's reads are appended to (one entry per program read)."""
+    from jax import monitoring
+
+    previous = jax.config.values.get("jax_compilation_cache_dir")
+    enable_compilation_cache(str(tmp_path / "jax"))
+    common.clear_jitted_cache()
+    reads: list[float] = []
+
+    def on_duration(event, duration, **kwargs):
+        if event == program_cache.PROGRAM_CACHE_EVENT:
+            reads.append(duration)
+
+    monitoring.register_event_duration_secs_listener(on_duration)
+    yield reads
+    monitoring.unregister_event_duration_listener(on_duration)
+    common.clear_jitted_cache()
+    if previous:
+        enable_compilation_cache(previous)
+
+
+def stored(tmp_path) -> list[str]:
+    directory = tmp_path / "jax-programs"
+    return sorted(os.listdir(directory)) if directory.is_dir() else []
+
+
+def fresh_run(config: pa.Config) -> pa.TrainResult:
+    """A run as a new process would make it: nothing kept in this one."""
+    common.clear_jitted_cache()
+    return pa.train(config)
+
+
+def test_a_later_process_reads_the_traced_programs_and_runs_bitwise_the_same(disk_cache, tmp_path):
+    assert program_cache.program_cache_dir() == str(tmp_path / "jax") + "-programs"
+    cold = fresh_run(pa.Config(**SMALL))
+    assert disk_cache == [] and len(stored(tmp_path)) == 2  # init and step
+    warm = fresh_run(pa.Config(**SMALL))
+    assert len(disk_cache) == 2 and len(stored(tmp_path)) == 2
+    assert returns_of(warm) == returns_of(cold)
+    for a, b in zip(jax.tree.leaves(warm.params), jax.tree.leaves(cold.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    simulated = fresh_run(pa.Config(mode="simulated", **SMALL))  # another program: its own files
+    assert len(disk_cache) == 2 and len(stored(tmp_path)) == 4 and returns_of(simulated)
+    # the same numbers as with no program cache at all
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        assert program_cache.program_cache_dir() is None
+        uncached = fresh_run(pa.Config(**SMALL))
+    finally:
+        enable_compilation_cache(str(tmp_path / "jax"))
+    assert returns_of(uncached) == returns_of(cold) and len(disk_cache) == 2
+
+
+def test_a_function_patched_at_run_time_is_traced_not_read(disk_cache, tmp_path, monkeypatch):
+    """A notebook's or a test's replacement of a traced function changes the key: the patched
+    program runs (here an update that changes nothing), the stored one is not used."""
+    cold = fresh_run(pa.Config(**SMALL))
+    real = common.learner.ppo_update
+
+    def frozen_update(ctx, train_state, trajectory, key, hparams):
+        _, metrics = real(ctx, train_state, trajectory, key, hparams)
+        return train_state, metrics
+
+    monkeypatch.setattr(common.learner, "ppo_update", frozen_update)
+    patched = fresh_run(pa.Config(**SMALL))
+    assert disk_cache == [] and len(stored(tmp_path)) == 4
+    initial = fresh_run(pa.Config(**{**SMALL, "total_env_steps": 64}))  # one iteration of the patched program
+    for a, b in zip(jax.tree.leaves(patched.params), jax.tree.leaves(initial.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # never updated
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(jax.tree.leaves(patched.params), jax.tree.leaves(cold.params)))
+    monkeypatch.undo()
+    again = fresh_run(pa.Config(**SMALL))  # unpatched: the first run's programs again
+    assert len(disk_cache) >= 2 and returns_of(again) == returns_of(cold)
+
+
+def test_a_corrupt_file_is_a_miss_and_is_written_again(disk_cache, tmp_path):
+    cold = fresh_run(pa.Config(**SMALL))
+    for name in stored(tmp_path):
+        (tmp_path / "jax-programs" / name).write_bytes(b"not a program")
+    again = fresh_run(pa.Config(**SMALL))
+    assert disk_cache == [] and returns_of(again) == returns_of(cold)
+    third = fresh_run(pa.Config(**SMALL))
+    assert len(disk_cache) == 2 and returns_of(third) == returns_of(cold)
+
+
+def test_a_program_jax_export_refuses_is_traced_as_before(disk_cache, tmp_path, monkeypatch):
+    from jax import export
+
+    cold = fresh_run(pa.Config(**SMALL))
+    for name in stored(tmp_path):
+        os.remove(tmp_path / "jax-programs" / name)
+
+    def refuse(*args, **kwargs):
+        raise ValueError("custom call target not in the stable set")
+
+    monkeypatch.setattr(export, "export", refuse)
+    again = fresh_run(pa.Config(**SMALL))
+    assert returns_of(again) == returns_of(cold) and stored(tmp_path) == [] and disk_cache == []
+
+
+def test_the_key_follows_shapes_dtypes_and_the_callers_key():
+    x = jax.ShapeDtypeStruct((4, 2), np.float32)
+    key = program_cache.program_key("a", (x,))
+    assert key == program_cache.program_key("a", (np.zeros((4, 2), np.float32),))  # arrays or their shapes
+    assert len({key, program_cache.program_key("b", (x,)), program_cache.program_key("a", (jax.ShapeDtypeStruct((4, 3), np.float32),)),
+                program_cache.program_key("a", (jax.ShapeDtypeStruct((4, 2), np.int32),)),
+                program_cache.program_key("a", ((x,),))}) == 5

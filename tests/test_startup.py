@@ -15,7 +15,8 @@ import pytest
 
 import ppo_async as pa
 from ppo_async.run import startup
-from ppo_async.run.startup import COMPILE_EVENT, LOWER_EVENT, STARTUP_FIELDS, TRACE_EVENT, CACHE_LOAD_EVENT, StartupClock
+from ppo_async.run.startup import (CACHE_LOAD_EVENT, COMPILE_EVENT, LOWER_EVENT, PROGRAM_CACHE_EVENT, STARTUP_FIELDS, TRACE_EVENT,
+                                   StartupClock)
 
 from conftest import REPO_ROOT
 
@@ -41,6 +42,7 @@ def test_breakdown_of_hand_made_events():
     clock._on_span(LOWER_EVENT, 102.0, 102.5)
     clock._on_span(COMPILE_EVENT, 102.5, 105.0)
     clock._on_duration(CACHE_LOAD_EVENT, 0.5)
+    clock._on_duration(PROGRAM_CACHE_EVENT, 0.01)  # one traced program read from the program cache
     clock._on_span("/jax/some/other_event", 0.0, 50.0)  # not counted
     clock.writers_opened(0.25)
     clock._writers_at = 105.25
@@ -51,10 +53,11 @@ def test_breakdown_of_hand_made_events():
         "before_train_s": 3.0, "setup_s": 6.0 - 1.0 - 0.5 - 2.5 - 0.25 - 0.75, "tracing_s": 1.0, "lowering_s": 0.5,
         "compile_s": 2.5, "cache_load_s": 0.5, "writers_s": 0.25, "first_iteration_s": 0.75,
         "train_to_first_result_s": 6.0, "first_result_s": 9.0, "traces": 1, "compiles": 1, "cache_hits": 1,
+        "program_cache_hits": 1,
     })
     line = startup.describe(got)
     assert line.startswith("first result after 9.0s: before train() 3.0s, set-up (env, programs) 1.0s, tracing 1.0s")
-    assert "XLA compile 2.5s (1 programs, 1 from the cache)" in line and line.endswith("first iteration 0.8s")
+    assert "XLA compile 2.5s (1 programs, 1 from the cache; 1 traced programs from the program cache)" in line and line.endswith("first iteration 0.8s")
 
 
 def test_a_clock_without_events_or_process_age():
@@ -155,6 +158,8 @@ def test_bench_startup_runs_at_toy_sizes(tmp_path):
     assert set(results["sides"]) == {"bare_import", "cold", "warm", "steady"}
     assert results["peer"]["available"] is False and "no_purejaxrl" in results["peer"]["reason"]
     assert results["warm"]["startup"] and set(results["warm"]["startup"]) == set(STARTUP_FIELDS)
+    # the warm process reads both traced programs (init, step) the cold one stored
+    assert results["cold"]["startup"]["program_cache_hits"] == 0 and results["warm"]["startup"]["program_cache_hits"] == 2
     assert results["steady"]["env_steps_per_s"] > 0
     report = (out / "report.txt").read_text()
     assert "PureJaxRL's ppo.py: not available" in report and "skipped" in report

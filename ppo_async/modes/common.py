@@ -32,6 +32,7 @@ from ppo_async.run.recorder import RunRecorder
 from ppo_async.run.result import TrainResult
 from ppo_async.core.rollout import RolloutContext, rollout
 from ppo_async.core.types import EnvState, PolicySnapshot, RolloutStats, TrainState
+from ppo_async.runtime.program_cache import cached_jit
 from ppo_async.runtime.xla_flags import program_compiler_options
 
 
@@ -137,7 +138,8 @@ def jitted_checkpoint_like(build: Callable[[Config], JittedProgram]) -> Callable
 
 # Compiled programs of the jitted modes, kept across runs of one process: a sweep from code, a
 # notebook or a test suite re-running one shape pays tracing and lowering (1.6-2.1 s per
-# tiny run here, even with the persistent cache warm) once. Keyed by `jitted_program_key`.
+# tiny run here, even with the persistent cache warm) once. Keyed by `jitted_program_key`. Across
+# processes, `runtime.program_cache` keeps the traced programs themselves (with JAX's cache on).
 _JITTED: "collections.OrderedDict[str, tuple[Callable, Any]]" = collections.OrderedDict()
 _JITTED_KEPT = 8
 
@@ -165,14 +167,15 @@ def run_jitted(
     program = build(config)
     key = jitted_program_key(build, config)
     init, compiled = _JITTED.get(key, (None, None))
-    if init is None:
-        init = jax.jit(program.init)
-    states = init(seed_keys(config))
+    keys = seed_keys(config)
+    if init is None:  # from the program cache where a process before this one traced it
+        init, _ = cached_jit(program.init, key + "/init", (keys,))
+    states = init(keys)
     if resume:
         states = recorder.resume_from(states)
     if compiled is None:
-        compiled = jax.jit(program.step, donate_argnums=(0,)).lower(states, *program.args).compile(
-            compiler_options=program_compiler_options())
+        step, _ = cached_jit(program.step, key + "/step", (states, *program.args), donate_argnums=(0,))
+        compiled = step.lower(states, *program.args).compile(compiler_options=program_compiler_options())
         _JITTED[key] = (init, compiled)
         while len(_JITTED) > _JITTED_KEPT:
             _JITTED.popitem(last=False)

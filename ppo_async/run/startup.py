@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any
 
+from ppo_async.runtime.program_cache import PROGRAM_CACHE_EVENT  # a traced program read from the program cache
+
 STARTUP_FILE = "startup.json"
 """RUN_DIR/startup.json: the breakdown of the run's start (written at its first result)."""
 
@@ -48,6 +50,7 @@ STARTUP_FIELDS = {
     "first_result_s": "process start to the first iteration's rows (before_train_s + train_to_first_result_s)",
     "traces": "jitted functions traced", "compiles": "XLA programs compiled or loaded",
     "cache_hits": "programs loaded from the persistent compilation cache",
+    "program_cache_hits": "traced programs read from ppo_async's program cache (their tracing and lowering skipped)",
 }
 """The fields of `StartupClock.breakdown()` (seconds unless a count), in the order printed."""
 
@@ -75,7 +78,7 @@ class StartupClock:
         self.before_train = process_age()
         self._lock = threading.Lock()
         self._sums = {"tracing_s": 0.0, "lowering_s": 0.0, "compile_s": 0.0, "cache_load_s": 0.0}
-        self._counts = {"traces": 0, "compiles": 0, "cache_hits": 0}
+        self._counts = {"traces": 0, "compiles": 0, "cache_hits": 0, "program_cache_hits": 0}
         self._last_compile_end: float | None = None  # wall time the last XLA compile (or cache load) ended
         self.writers_s = 0.0
         self._writers_at: float | None = None  # wall time the writers were opened
@@ -123,6 +126,9 @@ class StartupClock:
             with self._lock:
                 self._sums["cache_load_s"] += duration
                 self._counts["cache_hits"] += 1
+        elif event == PROGRAM_CACHE_EVENT and self._listening:
+            with self._lock:
+                self._counts["program_cache_hits"] += 1
 
     # ------------------------------------------------------------------ the run's side
 
@@ -166,6 +172,7 @@ def describe(breakdown: dict[str, Any]) -> str:
     parts = [f"before train() {seconds('before_train_s')}", f"set-up (env, programs) {seconds('setup_s')}",
              f"tracing {seconds('tracing_s')}", f"lowering {seconds('lowering_s')}",
              f"XLA compile {seconds('compile_s')} ({breakdown.get('compiles', 0)} programs, "
-             f"{breakdown.get('cache_hits', 0)} from the cache)",
+             f"{breakdown.get('cache_hits', 0)} from the cache; "
+             f"{breakdown.get('program_cache_hits', 0)} traced programs from the program cache)",
              f"writers {seconds('writers_s')}", f"first iteration {seconds('first_iteration_s')}"]
     return f"first result after {seconds('first_result_s')}: " + ", ".join(parts)
