@@ -1,7 +1,8 @@
 """Benchmark: time to a first result (warm and cold), and the steady state at the peer's shape (issue 40 item 12).
 
     python experiments/bench_startup.py                                # 3 repeats; needs an idle machine
-    python experiments/bench_startup.py --peer-dir ~/src/purejaxrl    # with PureJaxRL's ppo.py side by side
+    python experiments/bench_startup.py --peer-dir ~/src/purejaxrl --peer-python ~/peer_venv/bin/python
+                                                                       # with PureJaxRL side by side
     python experiments/bench_startup.py --smoke --repeats 1 --out /tmp/bench_startup   # the plumbing at toy sizes
 
 Measured side by side in one run of this script; every sample is a fresh process, and the sides
@@ -19,6 +20,12 @@ of a repeat are interleaved (`benchmarking.interleave`: the order reverses every
                cache: the cold comparison. Only with --peer-dir naming a checkout of PureJaxRL
                (the folder holding `purejaxrl/ppo.py`); this script downloads nothing, and
                without one it says so and skips the comparison.
+  peer_steady  PureJaxRL's `ppo_continuous_action.py` at the steady shape below (its env factory,
+               Brax-only as published, swapped for gymnax's Pendulum-v1: `GYMNAX_FOR_BRAX`),
+               compiled, then run once: env steps / the run's seconds. Only with --peer-dir.
+               PureJaxRL needs distrax, whose tensorflow-probability does not import under jax 0.10:
+               --peer-python names the interpreter of a venv with a jax it supports (the report
+               prints its versions).
   steady       sync mode at PureJaxRL `ppo_continuous_action.py`'s shape (Pendulum-v1, 64 envs x
                128 steps, 4 epochs x 32 minibatches, 256x256 tanh actor and critic, lr 3e-4
                constant): env steps/s between the first and the last row of its metrics.jsonl
@@ -60,6 +67,12 @@ PEER_CONFIG = {"LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS":
                "NUM_MINIBATCHES": 4, "GAMMA": 0.99, "GAE_LAMBDA": 0.95, "CLIP_EPS": 0.2, "ENT_COEF": 0.01,
                "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5, "ACTIVATION": "tanh", "ENV_NAME": "CartPole-v1",
                "ANNEAL_LR": True, "DEBUG": False}
+# PureJaxRL ppo_continuous_action.py at STEADY_FLAGS' shape (its NormalizeVec wrappers on, as our
+# preset normalises observations and rewards); DEBUG off.
+PEER_STEADY_CONFIG = {"LR": 3e-4, "NUM_ENVS": 64, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 524_288, "UPDATE_EPOCHS": 4,
+                      "NUM_MINIBATCHES": 32, "GAMMA": 0.99, "GAE_LAMBDA": 0.95, "CLIP_EPS": 0.2, "ENT_COEF": 0.0,
+                      "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5, "ACTIVATION": "tanh", "ENV_NAME": "Pendulum-v1",
+                      "ANNEAL_LR": False, "NORMALIZE_ENV": True, "DEBUG": False}
 # The same run as `train` flags.
 FIRST_RESULT_FLAGS = [
     "--env", "CartPole-v1", "--rollout.num-envs", "4", "--rollout.num-steps", "128", "--ppo.num-epochs", "4",
@@ -90,7 +103,11 @@ class Args:
     """Env steps of the steady-state run (64 iterations of 8,192)."""
     peer_dir: str | None = None
     """A checkout of PureJaxRL (the folder holding purejaxrl/ppo.py; needs distrax and brax); default
-    $PUREJAXRL_DIR. Without one the cold comparison with the peer is skipped (nothing is downloaded)."""
+    $PUREJAXRL_DIR. Without one the comparisons with the peer are skipped (nothing is downloaded)."""
+    peer_python: str | None = None
+    """The interpreter of the peer's processes (default: this one). PureJaxRL as published imports
+    distrax, whose tensorflow-probability (0.25.0, the newest) fails to import under jax 0.10
+    (`jax.interpreters.xla.pytype_aval_mappings` is gone): give a venv with a jax it supports."""
     smoke: bool = False
     """Toy shapes and budgets (a test of the script, not a measurement)."""
     out: str | None = None
@@ -115,12 +132,17 @@ def process_env(cache_dir: str | None) -> dict[str, str]:
 
 def timed_process(argv: list[str], env: dict[str, str]) -> float:
     """Wall seconds of one process, from its start to its exit; RuntimeError (its output's end) if it fails."""
+    return timed_output(argv, env)[0]
+
+
+def timed_output(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+    """(wall seconds, stdout) of one process; RuntimeError (its output's end) if it fails."""
     t0 = time.perf_counter()
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:4])} ... failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    return seconds
+    return seconds, done.stdout
 
 
 def train_process(flags: list[str], run_dir: str, cache_dir: str | None) -> dict[str, Any]:
@@ -149,6 +171,17 @@ def find_peer(peer_dir: str | None) -> tuple[str | None, str]:
     return os.path.abspath(peer_dir), f"PureJaxRL's purejaxrl/ppo.py from {os.path.abspath(peer_dir)}"
 
 
+PEER_PACKAGES = ("jax", "jaxlib", "flax", "optax", "chex", "distrax", "tensorflow-probability", "gymnax", "brax", "numpy")
+
+
+def peer_versions(python: str) -> dict[str, str | None]:
+    """The versions of `PEER_PACKAGES` in the peer's interpreter (None: not installed)."""
+    code = ("import importlib.metadata as m, json\nv = {}\nfor d in %r:\n    try: v[d] = m.version(d)\n"
+            "    except m.PackageNotFoundError: v[d] = None\nprint(json.dumps(v))\n" % (PEER_PACKAGES,))
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-500:]}
+
+
 def peer_code(peer_dir: str, total_env_steps: int, smoke: bool) -> str:
     """The program of one peer process: PureJaxRL's make_train at PEER_CONFIG, jitted and run once."""
     config = {**PEER_CONFIG, "TOTAL_TIMESTEPS": total_env_steps}
@@ -158,6 +191,40 @@ def peer_code(peer_dir: str, total_env_steps: int, smoke: bool) -> str:
     return (f"import sys\nsys.path[:0] = [{peer_dir!r}, {inner!r}]\nimport jax\nfrom purejaxrl import ppo\n"
             f"out = ppo.make_train({config!r})\n"
             "jax.block_until_ready(jax.jit(out)(jax.random.PRNGKey(30)))\n")
+
+
+# ppo_continuous_action.py as published makes its env with `BraxGymnaxWrapper(ENV_NAME)` (Brax
+# tasks only); the steady side swaps in this class of the same interface around gymnax's
+# Pendulum-v1, the script's one change (as ../shared/MEASURED.md's side-by-side did).
+GYMNAX_FOR_BRAX = """import gymnax
+class GymnaxEnv:
+    def __init__(self, env_name, backend=None):
+        self._env, self._params = gymnax.make(env_name)
+    def reset(self, key, params=None):
+        return self._env.reset(key, self._params)
+    def step(self, key, state, action, params=None):
+        return self._env.step(key, state, action, self._params)
+    def observation_space(self, params):
+        return self._env.observation_space(self._params)
+    def action_space(self, params):
+        return self._env.action_space(self._params)
+"""
+
+
+def peer_steady_code(peer_dir: str, total_env_steps: int, smoke: bool) -> str:
+    """The program of one steady-state peer process: PureJaxRL's ppo_continuous_action.py make_train
+    at `PEER_STEADY_CONFIG`, compiled, then run once; prints {"compile_s", "run_s"} as JSON."""
+    config = {**PEER_STEADY_CONFIG, "TOTAL_TIMESTEPS": total_env_steps}
+    if smoke:
+        config.update({"NUM_ENVS": 4, "NUM_STEPS": 16, "UPDATE_EPOCHS": 1, "NUM_MINIBATCHES": 2})
+    inner = os.path.join(peer_dir, "purejaxrl")
+    return (f"import json, sys, time\nsys.path[:0] = [{peer_dir!r}, {inner!r}]\nimport jax\n"
+            "from purejaxrl import ppo_continuous_action as peer\n"
+            f"{GYMNAX_FOR_BRAX}peer.BraxGymnaxWrapper = GymnaxEnv\n"
+            f"train = jax.jit(peer.make_train({config!r}))\n"
+            "t = time.perf_counter(); compiled = train.lower(jax.random.PRNGKey(30)).compile(); c = time.perf_counter() - t\n"
+            "t = time.perf_counter(); jax.block_until_ready(compiled(jax.random.PRNGKey(30))); r = time.perf_counter() - t\n"
+            "print(json.dumps({'compile_s': c, 'run_s': r}))\n")
 
 
 # ----------------------------------------------------------------------------------------
@@ -193,8 +260,17 @@ def make_sides(args: Args, work: str, peer_dir: str | None) -> list[tuple[str, C
         ("steady", steady_run),
     ]
     if peer_dir is not None:
+        python = args.peer_python or sys.executable
         code = peer_code(peer_dir, args.first_result_steps, args.smoke)
-        sides.append(("peer", lambda: {"process_s": timed_process([sys.executable, "-c", code], process_env(None))}))
+        sides.append(("peer", lambda: {"process_s": timed_process([python, "-c", code], process_env(None))}))
+        steady_code = peer_steady_code(peer_dir, args.steady_steps, args.smoke)
+
+        def peer_steady() -> dict[str, Any]:
+            seconds, stdout = timed_output([python, "-c", steady_code], process_env(None))
+            times = json.loads(stdout.strip().splitlines()[-1])
+            return {"process_s": seconds, **times, "env_steps_per_s": args.steady_steps / times["run_s"]}
+
+        sides.append(("peer_steady", peer_steady))
     return sides
 
 
@@ -228,6 +304,11 @@ def summarise(samples: dict[str, list[dict[str, Any]]], peer: dict[str, Any]) ->
         out["sides"]["peer"] = samples["peer"]
         peer_s = median_of(samples["peer"], "process_s")
         out["peer"].update(process_s=peer_s, cold_over_peer=out["cold"]["process_s"] / peer_s)
+    if "peer_steady" in samples:
+        out["sides"]["peer_steady"] = samples["peer_steady"]
+        peer_rate = median_of(samples["peer_steady"], "env_steps_per_s")
+        out["peer"].update(steady_env_steps_per_s=peer_rate,
+                           steady_over_peer=out["steady"]["env_steps_per_s"] / peer_rate)
     return out
 
 
@@ -264,6 +345,8 @@ def report(results: dict[str, Any]) -> str:
               *breakdown_lines("warm", r["warm"]["startup"]), *breakdown_lines("cold", r["cold"]["startup"])]
     peer = r["peer"]
     if peer.get("process_s") is not None:
+        versions = ", ".join(f"{k} {v}" for k, v in (peer.get("versions") or {}).items() if v)
+        lines.append(f"the peer's interpreter: {peer.get('python')} ({versions})")
         lines.append(f"cold against the peer ({peer['reason']}): peer process {peer['process_s']:.2f}s, ours "
                      f"{r['cold']['process_s']:.2f}s -> ours / peer = {peer['cold_over_peer']:.2f}x (same shape and budget)")
     else:
@@ -271,6 +354,9 @@ def report(results: dict[str, Any]) -> str:
     lines += ["", f"steady state, sync mode at PureJaxRL ppo_continuous_action.py's shape (Pendulum-v1, 64x128, 4x32, "
                   f"256x256), {r['args']['steady_steps']:,} env steps: {fmt_rate(r['steady']['env_steps_per_s'])} env steps/s "
                   "(metrics.jsonl, first to last row)"]
+    if peer.get("steady_env_steps_per_s") is not None:
+        lines.append(f"  the peer (ppo_continuous_action.py, the same shape and budget, its run after its compile): "
+                     f"{fmt_rate(peer['steady_env_steps_per_s'])} env steps/s -> ours / peer = {peer['steady_over_peer']:.2f}x")
     return "\n".join(lines)
 
 
@@ -300,8 +386,10 @@ def measure(args: Args, out: str) -> dict[str, Any]:
                              on_sample=lambda side, sample: print(f"{side}: {json.dumps(sample)[:300]}", flush=True))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    results = {"args": dataclasses.asdict(args), "machine": {**machine, **load.stop()},
-               **summarise(samples, {"available": peer_dir is not None, "reason": reason})}
+    peer: dict[str, Any] = {"available": peer_dir is not None, "reason": reason}
+    if peer_dir is not None:
+        peer.update(python=args.peer_python or sys.executable, versions=peer_versions(args.peer_python or sys.executable))
+    results = {"args": dataclasses.asdict(args), "machine": {**machine, **load.stop()}, **summarise(samples, peer)}
     text = report(results)
     print(text)
     write_report(out, "results.json", results, "report.txt", text)

@@ -143,25 +143,53 @@ def test_a_gymnax_env_is_made_without_the_plotting_stack_its_renderers_import():
     assert done.stdout.strip().splitlines()[-2:] == ["[]", "False False True True"]
 
 
+FAKE_PEER = """import jax, jax.numpy as jnp
+
+
+def make_train(config):
+    def train(key):
+        return {"metrics": jax.random.normal(key, (config["NUM_ENVS"], config["NUM_STEPS"])).sum()}
+    return train
+"""
+
+
 def test_bench_startup_runs_at_toy_sizes(tmp_path):
     """The script's whole plumbing (fresh processes, startup.json, the report and the manifest)
-    at toy sizes; the peer is absent here, which the report says."""
+    at toy sizes, with a stand-in for PureJaxRL (a checkout whose two scripts' make_train run a
+    tiny program): both comparisons with the peer are made and reported."""
+    peer = tmp_path / "fake_purejaxrl"
+    (peer / "purejaxrl").mkdir(parents=True)
+    for name in ("ppo.py", "ppo_continuous_action.py"):
+        (peer / "purejaxrl" / name).write_text(FAKE_PEER)
     out = tmp_path / "bench"
     done = subprocess.run(
         [sys.executable, os.path.join(REPO_ROOT, "experiments", "bench_startup.py"), "--smoke", "--repeats", "1",
-         "--peer-dir", str(tmp_path / "no_purejaxrl"), "--out", str(out)],
+         "--peer-dir", str(peer), "--out", str(out)],
         capture_output=True, text=True, timeout=1200, cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open(out / "results.json", encoding="utf-8") as f:
         results = json.load(f)
-    assert set(results["sides"]) == {"bare_import", "cold", "warm", "steady"}
-    assert results["peer"]["available"] is False and "no_purejaxrl" in results["peer"]["reason"]
+    assert set(results["sides"]) == {"bare_import", "cold", "warm", "steady", "peer", "peer_steady"}
+    assert results["peer"]["available"] is True and results["peer"]["versions"]["jax"]
+    assert results["peer"]["cold_over_peer"] > 0 and results["peer"]["steady_over_peer"] > 0
+    assert results["peer"]["steady_env_steps_per_s"] == pytest.approx(
+        results["args"]["steady_steps"] / results["sides"]["peer_steady"][0]["run_s"])
     assert results["warm"]["startup"] and set(results["warm"]["startup"]) == set(STARTUP_FIELDS)
     # the warm process reads both traced programs (init, step) the cold one stored
     assert results["cold"]["startup"]["program_cache_hits"] == 0 and results["warm"]["startup"]["program_cache_hits"] == 2
     assert results["steady"]["env_steps_per_s"] > 0
     report = (out / "report.txt").read_text()
-    assert "PureJaxRL's ppo.py: not available" in report and "skipped" in report
+    assert "ours / peer = " in report and "the peer (ppo_continuous_action.py" in report
     with open(out / "manifest.json", encoding="utf-8") as f:
         assert json.load(f)["completed"] is True
+
+
+def test_bench_startup_says_why_the_peer_is_missing(tmp_path):
+    sys.path.insert(0, os.path.join(REPO_ROOT, "experiments"))
+    try:
+        import bench_startup
+    finally:
+        sys.path.pop(0)
+    assert bench_startup.find_peer(str(tmp_path))[0] is None and "holds no purejaxrl/ppo.py" in bench_startup.find_peer(str(tmp_path))[1]
+    assert bench_startup.find_peer(None)[0] is None or os.environ.get(bench_startup.PEER_ENV)
