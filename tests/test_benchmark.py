@@ -210,7 +210,7 @@ def test_returns_at_equal_wall_clock_by_hand():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(suite="atari"), "suite = 'atari' is not a benchmark suite (mujoco, mujoco-slow, dmc, classic)"),
+    (dict(suite="atari"), "suite = 'atari' is not a benchmark suite (mujoco, mujoco-envpool, mujoco-slow, dmc, classic)"),
     (dict(suite="mujoco", modes=["sync"]), "mode 'sync' cannot run env 'gymnasium/HalfCheetah-v5'"),
     (dict(suite="classic", modes=["fast"]), "modes: 'fast' is not a benchmark mode (sync, barrier, async, async-decoupled)"),
     (dict(suite="classic", envs=["Pong"]), "envs: 'Pong' is not in suite 'classic'"),
@@ -266,6 +266,24 @@ def test_modes_are_data_each_its_parent_plus_what_it_changes():
     assert {m: c.batch_size for m, c in configs.items()} == {"barrier": 2048, "async": 2048, "async-decoupled": 2048}
     assert {m: (c.num_samplers, c.rollout.num_envs, c.effective_chunks_per_batch)
             for m, c in configs.items()} == {m: (1, 16, 1) for m in configs}  # one sampler of the preset's 16 envs
+
+
+def test_the_envpool_suite_runs_the_mujoco_tasks_with_their_references_and_configs():
+    """mujoco-envpool: the four tasks as EnvPool builds them, the same modes, preset and
+    layout as the mujoco suite's, scored against Gymnasium's reference figures."""
+    plan = bm.resolve_plan("mujoco-envpool", seeds=1)
+    assert plan.envs == tuple("envpool/" + e.split("/")[1] for e in bm.SUITES["mujoco"].envs)
+    gym_plan = bm.resolve_plan("mujoco", seeds=1)
+    assert plan.modes == gym_plan.modes
+    for mode in plan.modes:
+        config = bm.run_config(plan, "envpool/Hopper-v5", mode, 0, None)
+        gym = bm.run_config(gym_plan, "gymnasium/Hopper-v5", mode, 0, None)
+        assert config.replace(env=gym.env) == gym, mode  # only the env's family differs
+    norm = bm.normalising_references(bm.load_references())
+    for env in plan.envs:
+        assert norm[env] == norm["gymnasium/" + env.split("/")[1]]
+    copied = [r for r in bm.load_references() if r["env"] == "envpool/Hopper-v5"]
+    assert copied and all(r["same_task_as"] == "gymnasium/Hopper-v5" for r in copied)
 
 
 def test_the_slow_simulator_suite_is_the_articles_regime_for_every_mode():

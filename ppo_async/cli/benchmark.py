@@ -25,7 +25,7 @@ class BenchmarkCommand:
     the same options to resume: finished runs are skipped."""
 
     suite: Annotated[str, tyro.conf.arg(metavar="NAME")] = "mujoco"
-    """The suite: mujoco (gymnasium HalfCheetah, Hopper, Walker2d, Ant; 1M steps), mujoco-slow (the same in the article's slow-simulator regime: 8 samplers, +5 ms per env step, one 4x slower), dmc (playground), classic (gymnax)."""
+    """The suite: mujoco (gymnasium HalfCheetah, Hopper, Walker2d, Ant; 1M steps), mujoco-envpool (the same tasks stepped by EnvPool), mujoco-slow (the same in the article's slow-simulator regime: 8 samplers, +5 ms per env step, one 4x slower), dmc (playground), classic (gymnax)."""
     seeds: Annotated[int, tyro.conf.arg(metavar="N")] = 5
     """Runs per env x mode (seeds 0 .. N-1)."""
     out: Annotated[str, tyro.conf.arg(metavar="DIR")] = "runs/benchmark"

@@ -203,7 +203,9 @@ def report(out: str | os.PathLike, references_path: str = REFERENCES_PATH) -> st
              "## Plots", "", *[f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots if p], "",
              "## References", "", *[f"- {r['env']}: {_fmt(r['value'])} ({r['source']}, {r['implementation']}, "
                                     f"{r['version']}, {r['env_id']}, {_fmt(r['env_steps'])} steps, {r['seeds']} seed(s), "
-                                    f"± over {r['std_of']}) {r['url']}" for r in refs if r["env"] in envs], ""]
+                                    f"± over {r['std_of']}) {r['url']}"
+                                    + (f" (measured on {r['same_task_as']}, the same task)" if r.get("same_task_as") else "")
+                                    for r in refs if r["env"] in envs], ""]
     path = os.path.join(out, REPORT_FILE)
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))

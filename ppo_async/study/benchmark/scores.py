@@ -66,11 +66,24 @@ def returns_at_equal_wall(barrier: pd.DataFrame, asynchronous: pd.DataFrame) -> 
     return wall, at(barrier), at(asynchronous)
 
 
+SAME_TASK_FAMILIES = {"envpool": "gymnasium"}
+"""Env families that build another family's tasks (EnvPool's C++ builds of Gymnasium's MuJoCo
+tasks, the same models and rewards): a `envpool/<id>` is scored against `gymnasium/<id>`'s references."""
+
+
 def load_references(path: str = REFERENCES_PATH) -> list[dict[str, Any]]:
     """The reference figures (references.json): dicts with env, value, std, source, implementation,
-    version, env_id, env_version, env_steps, seeds, url, std_of, verified, normalise."""
+    version, env_id, env_version, env_steps, seeds, url, std_of, verified, normalise; and for each
+    `SAME_TASK_FAMILIES` family a copy of the other family's figures under its own env name
+    (`same_task_as` names the one it copies)."""
     with open(path, encoding="utf-8") as f:
-        return list(json.load(f)["references"])
+        references = list(json.load(f)["references"])
+    copies = []
+    for family, source in SAME_TASK_FAMILIES.items():
+        for reference in references:
+            if reference["env"].startswith(source + "/"):
+                copies.append({**reference, "env": family + reference["env"][len(source):], "same_task_as": reference["env"]})
+    return references + copies
 
 
 def normalising_references(references: Sequence[Mapping[str, Any]]) -> dict[str, float]:

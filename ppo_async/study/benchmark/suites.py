@@ -32,6 +32,9 @@ class Suite(NamedTuple):
 
 
 MUJOCO_ENVS = ("gymnasium/HalfCheetah-v5", "gymnasium/Hopper-v5", "gymnasium/Walker2d-v5", "gymnasium/Ant-v5")
+ENVPOOL_MUJOCO_ENVS = tuple("envpool/" + env.split("/", 1)[1] for env in MUJOCO_ENVS)
+"""The same four tasks in EnvPool's C++ builds (bench_envs: 1.6x Gymnasium's SyncVectorEnv at one
+sampler of 16 HalfCheetah envs); their reference figures are Gymnasium's (`scores.load_references`)."""
 
 SLOW_SAMPLERS = 8
 SLOW_STEP_MS = 5.0
@@ -45,6 +48,9 @@ last sampler 4x slower (+20 ms)."""
 SUITES: dict[str, Suite] = {
     "mujoco": Suite(MUJOCO_ENVS, 1_000_000, 100_000,
                     "Gymnasium MuJoCo at CleanRL's budget (host-side envs: threaded modes only)"),
+    "mujoco-envpool": Suite(ENVPOOL_MUJOCO_ENVS, 1_000_000, 100_000,
+                            "the mujoco suite's tasks stepped by EnvPool (C++ vector envs; the sampler's env "
+                            "steps are its bottleneck on 2 cores, bench_envs)"),
     "mujoco-slow": Suite(
         MUJOCO_ENVS, 1_000_000, 100_000,
         f"the mujoco suite in the article's slow-simulator regime: {SLOW_SAMPLERS} samplers share the preset's envs, "
