@@ -183,7 +183,7 @@ class RunRecorder:
       labels: one dict per row of an iteration (e.g. `{"seed": 3}`, or config_id + seed in a
         sweep), added to that row.
       progress: show a console progress bar.
-      on_iteration: called with each iteration's rows after they are recorded.
+      on_iteration: called with each iteration's rows after they are recorded, before its progress line.
       keep_rows: keep every row in memory for the `TrainResult`.
       writes_files: False for the processes > 0 of a multi-process run: they write no run
         directory, W&B or evaluation (process 0 does) - only `process_log`.
@@ -414,12 +414,12 @@ class RunRecorder:
             self._write_rows(self._window)
         if snapshot is not None and self.checkpoint_due(iteration):
             self.save_checkpoint(iteration, snapshot, rows, None if mode_state is None else mode_state())
-        if self._bar is not None:
-            self._bar.update(int(rows[0]["env_steps"]), rows[0])
         if self.startup is not None and self.startup.first_result_at is None:
             self._first_result()
-        if self.on_iteration is not None:
+        if self.on_iteration is not None:  # before the progress line: a caller's wait (`compiling...`) ends first
             self.on_iteration(rows)
+        if self._bar is not None:
+            self._bar.update(int(rows[0]["env_steps"]), rows[0])
 
     def _first_result(self) -> None:
         """The first iteration is recorded: the start is over; its breakdown goes to
