@@ -204,7 +204,7 @@ def report(out: str | os.PathLike, references_path: str = REFERENCES_PATH) -> st
              "## References", "", *[f"- {r['env']}: {_fmt(r['value'])} ({r['source']}, {r['implementation']}, "
                                     f"{r['version']}, {r['env_id']}, {_fmt(r['env_steps'])} steps, {r['seeds']} seed(s), "
                                     f"± over {r['std_of']}) {r['url']}"
-                                    + (f" (measured on {r['same_task_as']}, the same task)" if r.get("same_task_as") else "")
+                                    + (f" (as for {r['same_task_as']}: the same task)" if r.get("same_task_as") else "")
                                     for r in refs if r["env"] in envs], ""]
     path = os.path.join(out, REPORT_FILE)
     with open(path, "w", encoding="utf-8") as f:
