@@ -71,9 +71,10 @@ def legend_outside(fig: Any, *axes: Any) -> Any:
 
     The legend never covers data (an in-axes `loc="best"` can) and never takes width from
     the axes: constrained layout makes room for `loc="outside right upper"` by shrinking the
-    axes, so the figure is widened by what they lost (`keep_axes_width`) and the axes keep the
-    width they have without a legend, however long its labels. Returns the Legend (None if
-    nothing is labelled); it is `fig.legends[0]`.
+    axes, so the figure is first widened by exactly the room it will take
+    (`outside_legend_width_in`), and the axes keep the width they have without a legend, however
+    long its labels. No layout pass is run here (the figure's own, when it is drawn or saved,
+    is the only one). Returns the Legend (None if nothing is labelled); it is `fig.legends[0]`.
     """
     handles, labels = [], []
     for ax in axes:
@@ -82,27 +83,17 @@ def legend_outside(fig: Any, *axes: Any) -> Any:
         labels += lab
     if not handles:
         return None
-    width = axes_width_in(fig, axes[0])
     legend = fig.legend(handles, labels, loc="outside right upper", fontsize="small")
-    keep_axes_width(fig, axes[0], width)
+    fig.set_figwidth(fig.get_figwidth() + outside_legend_width_in(fig, legend))
     return legend
 
 
-def axes_width_in(fig: Any, ax: Any) -> float:
-    """The width of `ax` in inches once the figure's (constrained) layout has run."""
-    fig.get_layout_engine().execute(fig)
-    return ax.get_position().width * fig.get_figwidth()
-
-
-def keep_axes_width(fig: Any, ax: Any, width_in: float, tolerance_in: float = 0.01) -> None:
-    """Widens `fig` until `ax` is `width_in` inches wide again. Constrained layout's margins
-    are in inches, so one correction is all but exact, unless the squeezed axes had made their
-    own margins differ (a title wider than them): then one or two more (at most four in all)."""
-    for _ in range(4):
-        lost = width_in - axes_width_in(fig, ax)
-        if abs(lost) <= tolerance_in:
-            return
-        fig.set_figwidth(fig.get_figwidth() + lost)
+def outside_legend_width_in(fig: Any, legend: Any) -> float:
+    """The width (inches) constrained layout gives a figure legend placed outside on the right:
+    the legend's own width, measured from its text and handles, plus the layout's horizontal pad
+    (`w_pad`, inches) on each side of it (matplotlib's `_constrained_layout.make_layout_margins`)."""
+    w_pad = float(fig.get_layout_engine().get()["w_pad"])
+    return legend.get_window_extent(fig.canvas.get_renderer()).width / fig.dpi + 2.0 * w_pad
 
 
 def points_note(df: pd.DataFrame) -> str:
