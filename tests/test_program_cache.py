@@ -175,3 +175,19 @@ def test_the_key_follows_shapes_dtypes_and_the_callers_key():
     assert len({key, program_cache.program_key("b", (x,)), program_cache.program_key("a", (jax.ShapeDtypeStruct((4, 3), np.float32),)),
                 program_cache.program_key("a", (jax.ShapeDtypeStruct((4, 2), np.int32),)),
                 program_cache.program_key("a", ((x,),))}) == 5
+
+
+def test_the_live_fingerprint_follows_patched_functions_and_constants(monkeypatch):
+    """What a traced program reads from ppo_async's modules at trace time: a constant or a
+    function patched in changes the fingerprint (so the key); putting it back restores it."""
+    from ppo_async.core import losses
+
+    before = program_cache.live_fingerprint()
+    assert program_cache.live_fingerprint() == before  # stable while nothing changes
+    monkeypatch.setattr(losses, "LOG_STD_MIN", -5.0)
+    constant = program_cache.live_fingerprint()
+    monkeypatch.setattr(losses, "approx_kl", lambda *args: 0.0)
+    function = program_cache.live_fingerprint()
+    assert len({before, constant, function}) == 3
+    monkeypatch.undo()
+    assert program_cache.live_fingerprint() == before

@@ -100,9 +100,14 @@ def _code_digest(code: Any) -> str:
     return digest.hexdigest()
 
 
+_CONSTANT_TYPES = (bool, int, float, complex, str, bytes, tuple, frozenset, type(None))
+
+
 def _describe(value: Any) -> str | None:
     """What a module or class attribute is, for `live_fingerprint`: a function as its module,
-    qualified name and bytecode; a class as its module and name; anything else None."""
+    qualified name and bytecode; a class as its module and name; a constant (number, string,
+    tuple, ...) as its repr; a callable object as its repr (or, where that holds an address,
+    its identity in this process); anything else (modules, mutable containers) None."""
     code = getattr(value, "__code__", None)
     if code is not None:
         digest = _code_digest(code)[:16]
@@ -112,16 +117,16 @@ def _describe(value: Any) -> str | None:
     wrapped = getattr(value, "__wrapped__", None)  # functools.lru_cache, functools.wraps
     if wrapped is not None and wrapped is not value:
         return f"{type(value).__qualname__}({_describe(wrapped)})"
-    if callable(value) and not isinstance(value, type(os)):
-        text = repr(value)  # typing aliases and the like print the same in every process
+    if callable(value) or isinstance(value, _CONSTANT_TYPES):
+        text = repr(value)  # constants, typing aliases and the like print the same in every process
         return text if " at 0x" not in text else f"{type(value).__qualname__}@{id(value)}"  # per process
     return None
 
 
 def live_fingerprint() -> str:
     """sha256 of what the loaded modules of `TRACED_PACKAGES_OF_OURS` (and the classes they
-    define) bind their names to right now: a function patched in at run time (a notebook's own
-    loss, a test's spy) changes it, so a patched program is never read from the cache; an
+    define) bind their names to right now: a function or constant patched in at run time (a
+    notebook's own loss, a test's spy) changes it, so a patched program is never read from the cache; an
     object with no stable identity (a partial, a callable instance) bound there makes every
     key of this process its own. Computed on every key (a few ms)."""
     import sys
