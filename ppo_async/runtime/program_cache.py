@@ -37,7 +37,9 @@ import importlib.metadata
 import json
 import os
 import pickle
+import sys
 import tempfile
+import time
 from typing import Any, Callable, Sequence
 
 PROGRAM_CACHE_EVENT = "/ppo_async/program_cache/load_duration"
@@ -129,8 +131,6 @@ def live_fingerprint() -> str:
     notebook's own loss, a test's spy) changes it, so a patched program is never read from the cache; an
     object with no stable identity (a partial, a callable instance) bound there makes every
     key of this process its own. Computed on every key (a few ms)."""
-    import sys
-
     digest = hashlib.sha256()
     for name in sorted(m for m in list(sys.modules) if m.startswith(TRACED_PACKAGES_OF_OURS)):
         module = sys.modules.get(name)
@@ -169,16 +169,15 @@ def _read(path: str) -> Any | None:
     try:
         with open(path, "rb") as f:
             exported = pickle.load(f)
-    except FileNotFoundError:
-        return None
-    except Exception:  # a truncated, corrupt or foreign file: a miss, written again
+    except Exception:  # missing, or a truncated, corrupt or foreign file: a miss, written again
         return None
     return exported if isinstance(exported, export.Exported) else None
 
 
-def _write(directory: str, path: str, exported: Any) -> bool:
-    """Writes `exported` to `path` whole (a temporary file renamed); False where it cannot be
-    pickled or written (the program then runs uncached)."""
+def _write(directory: str, path: str, exported: Any) -> None:
+    """Writes `exported` to `path` whole (a temporary file renamed); nothing where it cannot be
+    pickled or written (the program then runs uncached next time too)."""
+    tmp = None
     try:
         payload = pickle.dumps(dataclasses.replace(exported, _get_vjp=None))  # a closure: not data
         os.makedirs(directory, exist_ok=True)
@@ -186,9 +185,9 @@ def _write(directory: str, path: str, exported: Any) -> bool:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
         os.replace(tmp, path)
-        return True
     except Exception:
-        return False
+        if tmp is not None and os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def cached_jit(fn: Callable, caller_key: str, args: Sequence[Any], donate_argnums: tuple[int, ...] = ()
@@ -199,8 +198,6 @@ def cached_jit(fn: Callable, caller_key: str, args: Sequence[Any], donate_argnum
     those shapes, stores it and calls it the same way (so a cold and a warm process run the
     same program); a program that cannot be exported, or the cache off, gives the plain
     `jax.jit(fn)`. Call the result (or `.lower(...).compile()` it) with arguments of those shapes."""
-    import time
-
     import jax
     from jax import export, monitoring
 
