@@ -26,6 +26,7 @@ from ppo_async.modes.threaded.liveness import (
     Heartbeat,
     Phase,
     StalledThread,
+    WatchClock,
     find_stall,
 )
 from ppo_async.runtime.buffer import RingBuffer
@@ -83,6 +84,22 @@ def test_a_dead_thread_is_named_and_the_watching_thread_is_not_judged():
     beats = {"sampler-0": beating(WAIT, "put", last=0.0), "logger": beating(WORK, "rows", since=0.0, last=0.0)}
     assert find_stall(beats, now=100.0, timeout_s=5.0, judged=("sampler-0",)) is None
     assert find_stall(beats, now=0.0, timeout_s=5.0, dead=("sampler-1",))[0] == "sampler-1"
+
+
+def test_a_span_the_watch_did_not_see_is_forgiven_and_a_stuck_thread_is_still_named_after_it():
+    """The process was suspended from t = 1 to t = 100: nobody watched, so the silence restarts at
+    100; a thread that stays silent is named timeout_s after that, by looks every 0.1 s."""
+    beats = {"sampler-0": beating(WORK, "rollout", since=0.0, last=1.0), "learner": beating(WAIT, "data", last=1.0)}
+    clock = WatchClock(timeout_s=5.0)
+    assert clock.look(beats, now=1.0) is False and clock.look(beats, now=3.4) is False  # 2.4 s <= 2.5 s: watched
+    assert clock.look(beats, now=100.0) is True and clock.unwatched_s == pytest.approx(96.6)
+    assert beats["sampler-0"].silent_for(100.0) == 0.0 and beats["sampler-0"].current.name == "rollout"
+    assert find_stall(beats, now=100.0, timeout_s=5.0) is None  # without the clock: "stuck" after 99 s
+    now = 100.0
+    while find_stall(beats, now=now, timeout_s=5.0) is None:
+        now = round(now + 0.1, 1)
+        assert clock.look(beats, now) is False
+    assert now == pytest.approx(105.1) and find_stall(beats, now, 5.0)[0] == "sampler-0"
 
 
 def test_a_host_env_beats_at_every_step_and_is_otherwise_itself():
@@ -216,3 +233,4 @@ def test_a_sampler_thread_that_ended_stops_the_run(monkeypatch):
                        num_samplers=2, threaded=ThreadedConfig(timeout_s=0.5), **SMALL)
     with pytest.raises(StalledThread, match=r"thread sampler-0 ended while the run was going on"):
         finish_within(HANG_GUARD_S, lambda: pa.train(config))
+

@@ -21,6 +21,12 @@ what silence means in that phase:
 A thread that ended while the run goes on (it can only be a bug: every thread body records its
 failure) is dead. So a sampler that is alive and stepping, however slowly, never fails the run;
 a thread that stops moving does, with one line naming it, within `timeout_s` plus one watch slice.
+
+Silence counts only while someone watched it (`WatchClock`): when the watch itself did not look
+for more than half the timeout - the process was suspended (Ctrl-Z, SIGSTOP, a laptop asleep) or
+starved of CPU - nobody can tell what the threads did meanwhile, so every thread's silence is
+counted again from that moment. A run paused and continued goes on; a thread that is really
+stuck is still named, `timeout_s` after the watch resumed.
 """
 
 from __future__ import annotations
@@ -95,6 +101,29 @@ class BeatingEnv:
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._env, name, value)
+
+
+@dataclass
+class WatchClock:
+    """When the watch last looked at the heartbeats, and the rule that forgives the silence of a
+    span nobody watched (module docstring): a look more than `timeout_s / 2` after the previous
+    one restarts every heartbeat's silence at `now`."""
+
+    timeout_s: float
+    last_look: float | None = None
+    unwatched_s: float = 0.0  # total seconds of spans forgiven so far (the run's suspensions)
+
+    def look(self, heartbeats: Mapping[str, Heartbeat], now: float) -> bool:
+        """Records a look at instant `now` (perf_counter); True when the span since the previous
+        look went unwatched and every heartbeat's silence was restarted."""
+        gap = None if self.last_look is None else now - self.last_look
+        self.last_look = now
+        if gap is None or gap <= self.timeout_s / 2:
+            return False
+        self.unwatched_s += gap
+        for heartbeat in heartbeats.values():
+            heartbeat.restart(now)
+        return True
 
 
 def _doing(name: str, phase: Phase, now: float) -> str:

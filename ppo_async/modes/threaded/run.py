@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from ppo_async.config import Config, ConfigError, DistributedFailure
 from ppo_async.modes.registry import Mode, register_mode
 from ppo_async.modes.threaded.learner import learner_loop
-from ppo_async.modes.threaded.liveness import WAIT, StalledThread, find_stall
+from ppo_async.modes.threaded.liveness import WAIT, StalledThread, WatchClock, find_stall
 from ppo_async.modes.threaded.programs import (
     ThreadedSetup,
     make_threaded_setup,
@@ -109,13 +109,17 @@ def close_host_envs(setup: ThreadedSetup, threads: Sequence[threading.Thread]) -
             state.close()
 
 
-def check_liveness(shared: RunShared, threads: Sequence[threading.Thread]) -> None:
+def check_liveness(shared: RunShared, threads: Sequence[threading.Thread], clock: WatchClock | None = None) -> None:
     """Applies the liveness rule (`liveness.find_stall`) now: a stuck or dead thread, or threads
-    all waiting for each other, is recorded as the run's failure (which stops every thread)."""
+    all waiting for each other, is recorded as the run's failure (which stops every thread).
+    With `clock`, the silence of a span the watch did not see (a suspended process) is forgiven first."""
     if shared.stop.is_set():
         return
+    now = time.perf_counter()
+    if clock is not None:
+        clock.look(shared.heartbeats(), now)
     dead = tuple(t.name.removeprefix("ppo_async-") for t in threads[:-1] if not t.is_alive())  # samplers never end
-    stall = find_stall(shared.heartbeats(), time.perf_counter(), shared.config.threaded.timeout_s, dead,
+    stall = find_stall(shared.heartbeats(), now, shared.config.threaded.timeout_s, dead,
                        judged=tuple(name for name in shared.heartbeats() if name != "logger"))
     if stall is not None:
         shared.fail_stalled(*stall)
@@ -125,6 +129,7 @@ def watch(shared: RunShared, threads: Sequence[threading.Thread], outputs: queue
     """Logs learner outputs until the learner (the last thread) is done, a thread fails, stalls
     (checked every POLL_S and after each row) or Ctrl-C; True if interrupted."""
     ctrl_c, learner_thread, heartbeat = threading.Event(), threads[-1], shared.logger_heartbeat
+    clock = WatchClock(shared.config.threaded.timeout_s)
     heartbeat.enter("rows", WAIT)  # the watching thread waits for the learner (it is never judged itself)
     try:
         with _ctrl_c_sets(ctrl_c):
@@ -136,7 +141,7 @@ def watch(shared: RunShared, threads: Sequence[threading.Thread], outputs: queue
                 if item is not None:
                     log(item)
                     heartbeat.beat()
-                check_liveness(shared, threads)
+                check_liveness(shared, threads, clock)
                 if shared.errors:  # a failed or stuck thread or peer process: the learner may be stuck in
                     break  # a collective with that peer, so do not wait for it to end
         return ctrl_c.is_set()
