@@ -439,6 +439,13 @@ BENCHMARK_DIRS = {
                                 "--eval-every-steps 102400 --modes barrier async`, one run at a time on an otherwise idle "
                                 "machine: benchmark_timing's pass with the tasks stepped by EnvPool (barrier 1.55-2.20x "
                                 "faster than with Gymnasium's vector env there), its roofline and async's speedup.",
+    "benchmark_slow": "`python -m ppo_async benchmark --suite mujoco-slow --modes barrier async --seeds 5`: the "
+                      "article's regime (its sections 1.2 and 4.1) on the four MuJoCo tasks - 8 samplers, +5 ms per "
+                      "env step, one sampler 4x slower - barrier against async at 1M env steps x 5 seeds. The runs "
+                      "are bound by the added latency: barrier's ran four side by side, after a check that four "
+                      "take the time one takes alone (side_by_side); async's one at a time, beside a niced "
+                      "lag-tolerance run (+4.6% on async's median iteration, measured), so async's wall-clock "
+                      "columns are, if anything, long.",
     "benchmark_two_modes": "The earlier mujoco benchmark (before the modes were relabelled and the normalisation "
                            "became the learner's): barrier against `async-decoupled` (then labelled `async`: 4 "
                            "samplers sharing the preset's 16 envs, decoupled PPO, lag ~1.1), 5 seeds at 1M env steps.",
