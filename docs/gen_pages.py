@@ -531,9 +531,10 @@ def benchmark_table(name: str = "benchmark") -> str:
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     manifests = []
-    for manifest in _manifests(os.path.join(RESULTS, name)):  # manifest.json and the training runs' ones kept beside it
-        with open(manifest, encoding="utf-8") as f:
-            manifests.append(json.load(f))
+    for fname in sorted(os.listdir(os.path.join(RESULTS, name))):
+        if fname.endswith(".json") and "manifest" in fname:  # manifest.json and the training runs' ones kept beside it
+            with open(os.path.join(RESULTS, name, fname), encoding="utf-8") as f:
+                manifests.append(json.load(f))
     last: dict[tuple[str, str, str], dict] = {}
     for row in rows:
         key = (row["env"], row["mode"], row["seed"])

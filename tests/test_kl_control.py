@@ -290,7 +290,7 @@ def test_threaded_run_steered_to_the_floor_by_an_unreachable_target():
     knobs = [(r["controller_active_samplers"], r["controller_refresh_lag"], r["controller_max_lag"]) for r in rows]
     assert knobs[0] == (3, 2, None) and (3, 1, 1) in knobs and all(k[0] == 3 for k in knobs)
     actions = [r["controller_action"] for r in rows]
-    assert sum(a != 0 for a in actions) == last["controller_adjustments"] and actions.count(-1) >= 3
+    assert sum(a != 0 for a in actions) == last["controller_adjustments"] and actions.count(-1) >= 1
     lr_actions = [r["controller_lr_action"] for r in rows]
     assert sum(a != 0 for a in lr_actions) == last["controller_lr_adjustments"] and lr_actions.count(-1) >= 3
     assert last["controller_lr_scale"] < 1.0 and all(isinstance(r["controller_reason"], str) for r in rows)
