@@ -154,10 +154,10 @@ def sampler_threads() -> list[threading.Thread]:
 
 
 def test_a_slow_host_simulator_that_steps_is_alive(monkeypatch):
-    """Each rollout takes 32 env steps of >= 0.25 s: >= 4x timeout_s without a chunk for the
+    """Each rollout takes 16 env steps of >= 0.25 s: >= 2x timeout_s without a chunk for the
     learner (the learner used to give up after timeout_s); every step beats, so the run ends.
     (timeout_s = 2: a step may take up to 1.75 s more than its sleep on a loaded machine - with
-    timeout_s = 1 and 16 steps, one step of 1.3 s failed it on CI's two busy cores.)"""
+    timeout_s = 1, one step of 1.3 s failed it on CI's two busy cores.)"""
     real_step = HostVectorEnv.step
 
     def slow_step(self, action):
@@ -165,7 +165,7 @@ def test_a_slow_host_simulator_that_steps_is_alive(monkeypatch):
         return real_step(self, action)
 
     monkeypatch.setattr(HostVectorEnv, "step", slow_step)
-    config = host_config(num_samplers=1, timeout_s=2.0, iterations=2, num_steps=32)
+    config = host_config(num_samplers=1, timeout_s=2.0, iterations=2, num_steps=16)
     rows = finish_within(HANG_GUARD_S, lambda: pa.train(config)).metrics
     assert [r["iteration"] for r in rows] == [1, 2]
     assert max(r["learner_wait_s"] for r in rows) > config.threaded.timeout_s  # the learner starved past it
