@@ -8,6 +8,7 @@ fast as the best fixed setting of a grid, chosen after the fact?
     python experiments/kl_controller.py --quick --out /tmp/klc   # smoke run: tiny budgets, 1 seed (a minute or two)
     python experiments/kl_controller.py --summarise-only --out DIR   # summary and figures again from DIR, no training
     python experiments/kl_controller.py --out experiments/results/kl_controller   # publish
+    python experiments/kl_controller.py --tasks hopper --jobs 4  # 4 runs at once (latency-bound runs only)
 
 Per task (`TASKS`), a slow-simulator regime: each sampler sleeps `latency_ms` per env step and
 the last one 4x that (one straggler at every sampler count). Settings, each `num_seeds` threaded
@@ -41,9 +42,11 @@ seconds to the return over the fixed grid, the controlled runs' beside it) and m
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import time
@@ -54,7 +57,7 @@ import pandas as pd
 import tyro
 
 import ppo_async as pa
-from ppo_async.config import replace_paths
+from ppo_async.config import config_from_dict, config_to_dict, replace_paths
 from ppo_async.report import analysis, figures, stats
 from ppo_async.study.manifest import Manifest, default_out, read_manifest, write_summary
 
@@ -106,6 +109,10 @@ class Args:
     """Smoke run: 1 seed, 12 learner iterations a run, 0.2 ms per env step (written to runs/experiments/kl_controller/quick unless --out)."""
     summarise_only: bool = False
     """Write summary.txt and the figures again from OUT's finished runs: no training."""
+    jobs: int = 1
+    """Runs trained at once, each in its own (spawned) process; 1 = one after another in this process.
+    Only for runs bound by the simulated latency, not by the cores (the hopper task): a run's
+    wall-clock is a timing only where it was checked unchanged beside the others."""
 
 
 def quick_task(task: Task) -> Task:
@@ -372,15 +379,39 @@ def summarise(out: str, tasks: dict[str, Task], target: float, note: str) -> Non
     plot_grid(out, tasks, runs)
 
 
+def run_in_worker(out: str, task_name: str, task: Task, name: str, config: dict[str, Any], seed: int,
+                  target: float) -> dict[str, Any]:
+    """`run_one` in a worker process of `--jobs` (a fresh interpreter: the compilation cache set
+    up again, the config passed as plain data)."""
+    from ppo_async.runtime.xla_flags import enable_compilation_cache
+
+    enable_compilation_cache()
+    return run_one(out, task_name, task, name, config_from_dict(config), seed, target)
+
+
 def run(args: Args, out: str, tasks: dict[str, Task]) -> None:
     """Every task, seed and setting not finished yet (seeds outermost: machine-load drift spreads
-    over the settings), then the summary and figures."""
+    over the settings; with `jobs` > 1 that many at once, started in that order), then the
+    summary and figures. A failed run stops the invocation once the runs in flight have ended."""
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs {args.jobs}: must be >= 1")
     t0 = time.perf_counter()
-    for task_name, task in tasks.items():
-        configs = settings(task, args.kl_target)
-        for seed in range(args.num_seeds):
-            for name, config in configs.items():
-                run_one(out, task_name, task, name, config, seed, args.kl_target)
+    todo = [(task_name, task, name, config, seed) for task_name, task in tasks.items()
+            for seed in range(args.num_seeds) for name, config in settings(task, args.kl_target).items()]
+    if args.jobs == 1:
+        for task_name, task, name, config, seed in todo:
+            run_one(out, task_name, task, name, config, seed, args.kl_target)
+    else:
+        with futures.ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            running = [pool.submit(run_in_worker, out, task_name, task, name, config_to_dict(config), seed, args.kl_target)
+                       for task_name, task, name, config, seed in todo]
+            failure = None
+            for future in futures.as_completed(running):
+                if not future.cancelled() and future.exception() is not None and failure is None:
+                    failure = future.exception()
+                    pool.shutdown(wait=True, cancel_futures=True)  # the runs in flight end; no new one starts
+        if failure is not None:
+            raise failure
     summarise(out, tasks, args.kl_target, f"({time.perf_counter() - t0:.0f} s this invocation; finished runs skipped)")
     print(f"wrote {out}")
 

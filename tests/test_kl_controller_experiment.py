@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -53,9 +54,13 @@ def test_kl_fractions_hand_values():
 
 
 def test_the_tiny_version_end_to_end(tmp_path, monkeypatch):
+    """Run as a user runs it, two runs at a time (`--jobs 2`: worker processes), then skipped
+    in this process (`--jobs 1`), then summarised again."""
     out = str(tmp_path / "klc")
+    done = subprocess.run([sys.executable, os.path.join(HERE, "..", "experiments", "kl_controller.py"), "--tasks", "pendulum",
+                           "--quick", "--jobs", "2", "--out", out], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     args = script.Args(tasks=("pendulum",), quick=True, out=out)
-    script.main(args)
     runs = pd.read_csv(os.path.join(out, "pendulum", "runs.csv"))
     assert len(runs) == 10 and set(runs.seed) == {0}
     assert runs.within_1_25_target.between(0, 1).all() and (runs.under_target <= runs.within_1_25_target).all()
@@ -81,3 +86,9 @@ def test_the_tiny_version_end_to_end(tmp_path, monkeypatch):
     script.main(script.Args(tasks=("pendulum",), quick=True, out=out, summarise_only=True))
     assert os.path.isfile(os.path.join(out, "summary.txt")) and read_manifest(out)["derived_from"]["completed"] is True
     assert np.isfinite(pd.read_csv(os.path.join(out, "pendulum", "runs.csv")).consumer_steps_per_s).all()
+
+
+def test_jobs_below_one_is_refused_before_any_run(tmp_path):
+    with pytest.raises(SystemExit, match=r"--jobs 0: must be >= 1"):
+        script.run(script.Args(tasks=("pendulum",), quick=True, jobs=0), str(tmp_path), script.tasks_of(script.Args(quick=True)))
+    assert os.listdir(tmp_path) == []
