@@ -194,6 +194,13 @@ def test_reach_ratio_by_hand():
     asynchronous = pd.DataFrame({"mean": [15.0, 25.0, 30.0], "wall_s": [20.0, 40.0, 60.0]})
     assert bm.reach_ratio(barrier, asynchronous) == pytest.approx(40.0 / 100.0)  # 25 >= 20 first, at 40 s
     assert np.isnan(bm.reach_ratio(barrier, asynchronous.assign(mean=5.0)))
+    # 95% of barrier's 20 = 19: still 25 at 40 s; 70% = 14: 15 at 20 s
+    assert bm.reach_ratio(barrier, asynchronous, 0.95) == pytest.approx(0.4)
+    assert bm.reach_ratio(barrier, asynchronous, 0.7) == pytest.approx(0.2)
+    # a negative final return (-20): 95% of the way = 1 below it (-21), reached by -21 at 20 s
+    negative = pd.DataFrame({"mean": [-30.0, -20.0], "wall_s": [50.0, 100.0]})
+    assert bm.reach_ratio(negative, pd.DataFrame({"mean": [-21.0, -20.5], "wall_s": [20.0, 40.0]}), 0.95) == pytest.approx(0.2)
+    assert np.isnan(bm.reach_ratio(negative, pd.DataFrame({"mean": [-21.0, -20.5], "wall_s": [20.0, 40.0]})))
 
 
 def test_returns_at_equal_wall_clock_by_hand():

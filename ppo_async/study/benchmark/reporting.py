@@ -23,6 +23,7 @@ from ppo_async.study.benchmark.suites import (ASYNC_MODES, DEFAULT_ASYNC_MODE, D
 from ppo_async.study.benchmark.timings import TIMINGS_FILE, lag_fractions, read_timings, speedups
 
 REPORT_FILE = "report.md"
+NEAR_FRACTION = 0.95  # the barrier-vs-async table's second line: async's wall-clock to this share of barrier's final return
 SEED_CI = (f"95% CI: {stats.PERCENTILE_METHOD}, {BOOTSTRAP_REPS} resamples from numpy's default_rng({CI_SEED}) "
            "(`ppo_async.report.stats.bootstrap_mean_ci`)")
 """How the intervals over seeds of the report's tables were made."""
@@ -92,9 +93,10 @@ def barrier_async_section(table: pd.DataFrame) -> list[str]:
             b, a = barrier.iloc[-1], asynchronous.iloc[-1]
             inside = "-" if not math.isfinite(b["ci_low"]) else ("yes" if b["ci_low"] <= a["mean"] <= b["ci_high"] else
                                                                   ("above" if a["mean"] > b["ci_high"] else "below"))
-            ratio = reach_ratio(barrier, asynchronous)
+            ratios = [reach_ratio(barrier, asynchronous, fraction) for fraction in (1.0, NEAR_FRACTION)]
             wall, barrier_then, async_then = returns_at_equal_wall(barrier, asynchronous)
-            rows.append([env, mode, _cell(b), _cell(a), inside, _fmt(ratio) if math.isfinite(ratio) else "not reached",
+            rows.append([env, mode, _cell(b), _cell(a), inside,
+                         *(_fmt(r) if math.isfinite(r) else "not reached" for r in ratios),
                          f"{_fmt(barrier_then)} / {_fmt(async_then)} at {_fmt(wall)} s"])
     if not rows:
         return []
@@ -105,10 +107,12 @@ def barrier_async_section(table: pd.DataFrame) -> list[str]:
             "Final evaluations; 'in barrier's CI': the async mode's mean against barrier's 95% CI at the same env "
             "steps (the percentile bootstrap of the final evaluation above); 'wall to barrier's final': its mean "
             "wall-clock to its first checkpoint at or above barrier's final mean return, over barrier's mean "
-            "wall-clock (return_vs_wall_clock.png); 'at equal wall-clock': barrier's / the async mode's mean return "
+            f"wall-clock (return_vs_wall_clock.png); 'to {NEAR_FRACTION:.0%} of it': the same to {NEAR_FRACTION:.0%} of "
+            "barrier's final mean (a miss of the full line by less than the seeds' spread shows here); "
+            "'at equal wall-clock': barrier's / the async mode's mean return "
             "at the earlier of their two final mean wall-clocks (each the last checkpoint reached by then).", "",
             *_markdown(["env", "async mode", "barrier", "async", "async in barrier's CI", "wall to barrier's final",
-                        "barrier / async at equal wall-clock"], rows),
+                        f"to {NEAR_FRACTION:.0%} of it", "barrier / async at equal wall-clock"], rows),
             "", *[f"- {line}" for line in defined], ""]
 
 

@@ -41,12 +41,15 @@ def checkpoint_table(df: pd.DataFrame, column: str = "eval_return") -> pd.DataFr
                                        "train_return", "env_steps", "wall_s"])
 
 
-def reach_ratio(barrier: pd.DataFrame, asynchronous: pd.DataFrame) -> float:
+def reach_ratio(barrier: pd.DataFrame, asynchronous: pd.DataFrame, fraction: float = 1.0) -> float:
     """Wall-clock async needs to reach barrier's final mean return, over barrier's: the mean
     wall_s of async's first checkpoint whose mean return is at least barrier's final one, divided
     by barrier's final mean wall_s (each a `checkpoint_table` part of one env, by checkpoint);
-    NaN when async never reaches it."""
-    target, wall = barrier.iloc[-1]["mean"], barrier.iloc[-1]["wall_s"]
+    NaN when async never reaches it. With `fraction` < 1 the line is that fraction of the way
+    there: final - (1 - fraction) x |final| (0.95: 95% of a positive return; for a negative
+    one, 5% of its size below it)."""
+    final, wall = barrier.iloc[-1]["mean"], barrier.iloc[-1]["wall_s"]
+    target = final - (1.0 - fraction) * abs(final)
     reached = asynchronous[asynchronous["mean"] >= target]
     return float(reached.iloc[0]["wall_s"] / wall) if len(reached) and wall > 0 else math.nan
 
