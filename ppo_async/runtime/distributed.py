@@ -132,6 +132,7 @@ JOIN_GRACE_S = 10  # JAX's join limit is this much past `initialization_timeout_
 # message (it may declare a peer dead sooner than its limit after the kill: the limit counts from
 # the peer's last heartbeat, sent up to a heartbeat period earlier)
 HEARTBEAT_GRACE_S = 10
+HEARTBEAT_JOIN_S = 5.0  # stop_heartbeat waits this long at most for the thread's last beat (a client call) to return
 JOIN_TIMEOUT_EXIT = 2  # the exit status of a process whose peers did not join in time (a configuration error)
 
 
@@ -292,6 +293,7 @@ class Exchange:
         self._outbox: list[tuple[int, dict[str, Any]]] = []  # summaries the sender has not written yet
         self._outbox_lock, self._outbox_ready = threading.Lock(), threading.Event()
         self._sender: threading.Thread | None = None
+        self._heartbeat: threading.Thread | None = None
         self._closing, self._send_error = False, None
         self._inbox: dict[int, dict[int, dict[str, Any]]] = {}  # process 0: peer -> iteration -> summary read ahead
 
@@ -345,10 +347,18 @@ class Exchange:
                     told = True
                     on_peer_failure(self.stopped_with(self.describe_failure(wait_s=0.0) or "a peer failed"))
 
-        threading.Thread(target=beat, name="ppo_async-heartbeat", daemon=True).start()
+        self._heartbeat = threading.Thread(target=beat, name="ppo_async-heartbeat", daemon=True)
+        self._heartbeat.start()
 
-    def stop_heartbeat(self) -> None:
+    def stop_heartbeat(self, timeout_s: float = HEARTBEAT_JOIN_S) -> None:
+        """Stops the heartbeat thread and waits (at most `timeout_s`) for it to end: a daemon
+        thread still inside the coordination client's C++ when the interpreter finalises aborts
+        the process ("terminate called ... FATAL: exception not rethrown", exit status 134 after
+        a finished run, seen once on CI)."""
         self._stopped.set()
+        thread, self._heartbeat = self._heartbeat, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     def _beats(self) -> dict[int, str]:
         return {int(k.rpartition("/")[2]): v for k, v in self.client.key_value_dir_get(f"{self.prefix}alive/")}
