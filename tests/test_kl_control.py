@@ -85,19 +85,18 @@ def test_holds_the_iterations_from_a_bad_setting_with_a_straggler():
 
 
 def test_decrease_walks_the_ladder_in_order():
-    rates = [3.0, 2.0, 1.0, 0.5]
     knobs = LagKnobs((True,) * 4, refresh_lag=4, max_lag=None)
-    knobs = decrease(knobs, lag_max=20, rates=rates)
+    knobs = decrease(knobs, lag_max=20)
     assert knobs == LagKnobs((True,) * 4, 2, 10)  # both cheap knobs halve at once (max_lag from the lag seen)
-    knobs = decrease(knobs, 20, rates)
+    knobs = decrease(knobs, 20)
     assert knobs == LagKnobs((True,) * 4, 1, 5)
-    knobs = decrease(knobs, 3, rates)  # the lags seen stay under the cap: halve from them
+    knobs = decrease(knobs, 3)  # the lags seen stay under the cap: halve from them
     assert knobs == LagKnobs((True,) * 4, 1, 1)
     # both at their floor: no consumed sample is over one version old, however many samplers
     # run, so none is paused (the learning rate takes the decrease: `update_step`)
-    assert decrease(knobs, 1, rates) is knobs
-    assert decrease(LagKnobs((True,) * 4, 3, 1), 1, rates) == LagKnobs((True,) * 4, 1, 1)  # one knob alone
-    assert decrease(knobs, 5, rates) is knobs  # nothing left to lower
+    assert decrease(knobs, 1) is knobs
+    assert decrease(LagKnobs((True,) * 4, 3, 1), 1) == LagKnobs((True,) * 4, 1, 1)  # one knob alone
+    assert decrease(knobs, 5) is knobs  # nothing left to lower
 
 
 def test_increase_walks_back_up_and_lifts_a_cap_that_binds_nothing():

@@ -245,11 +245,10 @@ def _resume_fastest(active: tuple[bool, ...], rates: Sequence[float]) -> tuple[b
     return tuple(on or i == best for i, on in enumerate(active))
 
 
-def decrease(knobs: LagKnobs, lag_max: int, rates: Sequence[float]) -> LagKnobs:
+def decrease(knobs: LagKnobs, lag_max: int) -> LagKnobs:
     """One multiplicative decrease: refresh_lag and max_lag together where they can still move;
     `knobs` itself at their floor (refresh_lag 1, max_lag 1), where the learning rate takes the
-    decrease (module docstring: pausing samplers lowers no lag there). `rates` (per sampler)
-    is unused: the samplers are not a rung."""
+    decrease (module docstring: pausing samplers lowers no lag there, so they are not a rung)."""
     refresh_lag = max(1, int(knobs.refresh_lag * DECREASE_FACTOR))
     current = lag_max if knobs.max_lag is None else min(knobs.max_lag, lag_max)
     max_lag = max(1, int(current * DECREASE_FACTOR))
@@ -298,7 +297,7 @@ def staleness_step(
     mean = sum(state.kls) / len(state.kls)
     state = replace(state, kl_mean=mean)
     if mean > aim * KNOB_BAND:
-        knobs, action = decrease(state.knobs, state.lag_max, sampler_rates), -1
+        knobs, action = decrease(state.knobs, state.lag_max), -1
         compared = f"{mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}"
     elif mean < aim / KNOB_BAND:
         knobs, action = increase(limits, state.knobs, state.lag_max, sampler_rates), 1
