@@ -16,8 +16,8 @@ import ppo_async as pa
 from ppo_async.core import kl_control
 from ppo_async.config import ConfigError, ThreadedConfig
 from ppo_async.core.kl_control import (
-    KNOB_BAND, LR_FACTOR, ControllerLimits, KlSample, LagKnobs, aims_of, decrease, increase, initial_state, quantile,
-    step,
+    KNOB_BAND, LR_FACTOR, WASTE_MAX, ControllerLimits, KlSample, LagKnobs, Supply, aims_of, decrease, increase,
+    initial_state, quantile, step,
 )
 
 
@@ -35,15 +35,26 @@ class Plant:
         self.update, self.per_lag, self.cross, self.noise = update, per_lag, cross, noise
         self.rng = np.random.default_rng(seed)
 
-    def lag(self, knobs: LagKnobs) -> float:
+    def uncapped_lag(self, knobs: LagKnobs) -> float:
         active = self.rates[list(knobs.active)]
         residency = self.capacity if active.sum() > 1.0 else 0.0  # production above consumption fills the buffer
         in_flight = len(active) / active.sum()  # versions per rollout, averaged over the chunks
-        lag = residency + in_flight + knobs.refresh_lag - 1
+        return residency + in_flight + knobs.refresh_lag - 1
+
+    def lag(self, knobs: LagKnobs) -> float:
+        lag = self.uncapped_lag(knobs)
         return min(lag, knobs.max_lag) if knobs.max_lag is not None else lag
 
+    def waste(self, knobs: LagKnobs) -> float:
+        """The fraction of the samples a max_lag throws away: none where the lag it caps is
+        residency (samplers hold back), else the rollouts in flight for longer than the cap."""
+        lag = self.uncapped_lag(knobs)
+        if knobs.max_lag is None or self.rates[list(knobs.active)].sum() > 1.0 or lag <= knobs.max_lag:
+            return 0.0
+        return 1.0 - knobs.max_lag / lag
+
     def throughput(self, knobs: LagKnobs) -> float:
-        return min(float(self.rates[list(knobs.active)].sum()), 1.0)
+        return min(float(self.rates[list(knobs.active)].sum()), 1.0) * (1.0 - self.waste(knobs))
 
     def kl(self, state) -> KlSample:
         noise = lambda: math.exp(self.noise * self.rng.standard_normal() - self.noise ** 2 / 2)  # noqa: E731  mean 1
@@ -53,13 +64,17 @@ class Plant:
         return KlSample(staleness + update + self.cross * math.sqrt(staleness * update), staleness, update)
 
 
-def drive(plant: Plant, limits: ControllerLimits, iterations: int, state=None):
-    """Runs the controller on the plant; returns (approx_kl per iteration, states)."""
+def drive(plant: Plant, limits: ControllerLimits, iterations: int, state=None, measure_supply: bool = True):
+    """Runs the controller on the plant; returns (approx_kl per iteration, states). With
+    `measure_supply` the controller sees the samples made and wasted (1,000 per iteration)."""
     state = state or initial_state(limits)
-    kls, states = [], []
+    kls, states, produced, wasted = [], [], 0, 0
     for _ in range(iterations):
         kl = plant.kl(state)
-        state = step(limits, state, kl, int(math.ceil(plant.lag(state.knobs))), list(plant.rates))
+        produced += 1000
+        wasted += round(1000 * plant.waste(state.knobs))
+        supply = Supply(produced, wasted) if measure_supply else None
+        state = step(limits, state, kl, int(math.ceil(plant.lag(state.knobs))), list(plant.rates), supply)
         kls.append(kl.total)
         states.append(state)
     return np.asarray(kls), states
@@ -82,6 +97,48 @@ def test_holds_the_iterations_from_a_bad_setting_with_a_straggler():
     assert plant.throughput(final.knobs) == 1.0  # the lag was residency: capping it cost no throughput
     assert final.lr_scale < 1.0 and final.lr_adjustments > 0  # the update part needed the learning rate
     assert 1.0 < final.aims.margin < 3.0
+
+
+def test_a_cap_that_wastes_rollouts_is_loosened_and_the_learning_rate_takes_the_rest():
+    """Six samplers that together make 0.9 chunks per learner iteration (the learner waits for
+    data: nothing resident) with rollouts in flight for ~6.7 versions. A max_lag under that
+    throws rollouts away instead of holding samplers back: the controller loosens such a cap
+    until it wastes at most WASTE_MAX, keeps it there, and lowers the learning rate instead;
+    blind to the waste (no supply measured) it runs max_lag down to 1 and wastes most of it."""
+    limits = ControllerLimits(target=0.008, window=8, num_samplers=6, refresh_lag=4, max_lag=None)
+    plant = Plant(rates=[0.15] * 6, update=0.011)
+    kls, states = drive(plant, limits, 600)
+    final = states[-1]
+    assert final.knobs.refresh_lag == 1 and final.knobs.max_lag is not None
+    assert final.max_lag_floor == final.knobs.max_lag >= 6
+    assert plant.waste(final.knobs) <= WASTE_MAX and plant.throughput(final.knobs) >= 0.8
+    assert any("wasted" in s.reason for s in states) and final.lr_scale < 0.5
+    assert np.mean(kls[200:] <= 1.25 * 0.008) >= 0.8  # the iterations are held all the same
+    _, blind = drive(plant, limits, 600, measure_supply=False)
+    assert blind[-1].knobs.max_lag == 1 and blind[-1].max_lag_floor == 1
+    assert plant.waste(blind[-1].knobs) > 0.8 and plant.throughput(blind[-1].knobs) < 0.2
+
+
+def test_the_waste_check_hand_values():
+    """Window totals from the run's running ones; a cap the controller set that wasted 15 of the
+    120 samples made in the window goes up by one and floors later decreases; the configured cap and one under 10% are kept."""
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=1, refresh_lag=1, max_lag=None)
+    start = replace(initial_state(limits), knobs=LagKnobs((True,), 1, 2))
+    states = run(limits, [parts(0.01, 0.01)] * 2, start, lag_max=2, supplies=[Supply(100, 0), Supply(120, 15)])
+    assert (states[0].window_produced, states[0].window_wasted) == (100, 0)
+    last = states[-1]
+    assert (last.knobs.max_lag, last.max_lag_floor, last.action, last.window_produced, last.kls) == (3, 3, 1, 0, ())
+    assert last.reason.startswith("max_lag 2 wasted 12% of the samples (> 10%: rollouts span more versions): "
+                                  "max_lag 2->3, the floor of later decreases")
+    assert decrease(LagKnobs((True,), 1, 10), lag_max=8, max_lag_floor=3).max_lag == 4  # 8 // 2, above the floor
+    assert decrease(LagKnobs((True,), 1, 4), lag_max=4, max_lag_floor=3).max_lag == 3  # not under it
+    assert decrease(LagKnobs((True,), 1, 3), lag_max=3, max_lag_floor=3) == LagKnobs((True,), 1, 3)  # the floor
+    kept = run(limits, [parts(0.01, 0.01)] * 2, start, lag_max=2, supplies=[Supply(100, 0), Supply(200, 9)])
+    assert kept[-1].knobs.max_lag == 2 and "wasted" not in kept[-1].reason  # 9 of 200: under 10%
+    configured = ControllerLimits(target=0.02, window=2, num_samplers=1, refresh_lag=1, max_lag=2)
+    kept = run(configured, [parts(0.01, 0.01)] * 2, initial_state(configured), lag_max=2,
+               supplies=[Supply(100, 50), Supply(200, 100)])
+    assert kept[-1].knobs.max_lag == 2  # the user's own cap is the user's
 
 
 def test_decrease_walks_the_ladder_in_order():
@@ -123,12 +180,13 @@ def parts(staleness: float, update: float) -> KlSample:
     return KlSample(staleness + update, staleness, update)
 
 
-def run(limits: ControllerLimits, samples, state=None, lag_max: int = 4):
-    """The states after each scripted sample (every sampler at rate 1, `lag_max` each time)."""
+def run(limits: ControllerLimits, samples, state=None, lag_max: int = 4, supplies=None):
+    """The states after each scripted sample (every sampler at rate 1, `lag_max` each time,
+    the run's totals `supplies[i]` where given)."""
     state = state or initial_state(limits)
     states = []
-    for sample in samples:
-        state = step(limits, state, sample, lag_max, [1.0] * limits.num_samplers)
+    for i, sample in enumerate(samples):
+        state = step(limits, state, sample, lag_max, [1.0] * limits.num_samplers, None if supplies is None else supplies[i])
         states.append(state)
     return states
 
@@ -173,9 +231,11 @@ def test_staleness_over_its_band_lowers_the_knobs_and_holds_the_learning_rate():
 def test_update_over_its_band_lowers_the_learning_rate_to_its_bound():
     """learning_rate 3e-6: the scale may go down to 1e-6 / 3e-6 = 1/3 (rl_games' lr floor)."""
     limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None, learning_rate=3e-6)
-    states = run(limits, [parts(0.004, 0.016)] * 6)
-    assert [s.lr_action for s in states] == [0, -1, -1, -1, 0, 0]  # one decision per iteration after the warm-up
-    assert [s.lr_scale for s in states[1:4]] == pytest.approx([1 / LR_FACTOR, 1 / LR_FACTOR ** 2, 1 / 3])
+    states = run(limits, [parts(0.004, 0.016)] * 8)
+    # one decision per `window` iterations since the last change, on their mean kl_update
+    assert [s.lr_action for s in states] == [0, -1, 0, -1, 0, -1, 0, 0]
+    assert [s.lr_scale for s in states[1:6:2]] == pytest.approx([1 / LR_FACTOR, 1 / LR_FACTOR ** 2, 1 / 3])
+    assert states[2].reason.endswith("update: 1/2 iterations since the last lr change")
     assert states[-1].reason.endswith("lr scale at its bound 0.333: hold")
     assert all(s.knobs == initial_state(limits).knobs for s in states)  # already at their configured values
     assert "knobs at their configured values" in states[-1].reason
@@ -190,7 +250,7 @@ def test_both_under_their_bands_raise_the_knobs_and_the_learning_rate_to_its_bou
     # (lag 1 reached the cap of 1), lifted once no lag reaches it, then refresh_lag + 1
     assert [s.knobs for s in states[1::2]] == [LagKnobs((True, True), 1, 1), LagKnobs((True, True), 1, 2),
                                                LagKnobs((True, True), 1, None), LagKnobs((True, True), 2, None)]
-    assert [s.lr_scale for s in states] == pytest.approx([1.0, 1.5, 2.25, 2.5, 2.5, 2.5, 2.5, 2.5])
+    assert [s.lr_scale for s in states] == pytest.approx([1.0, 1.5, 1.5, 2.25, 2.25, 2.5, 2.5, 2.5])
     assert states[-1].lr_adjustments == 3 and states[-1].adjustments == 4
 
 
@@ -219,8 +279,10 @@ def test_the_margin_from_the_spread_hand_values():
 
 def test_the_state_round_trips_through_json_and_an_older_checkpoint_gets_defaults():
     limits = ControllerLimits(target=0.02, window=2, num_samplers=3, refresh_lag=2, max_lag=None)
-    state = run(limits, [parts(0.03, 0.02), parts(0.03, 0.025), parts(0.03, 0.03)])[-1]
+    state = run(limits, [parts(0.03, 0.02), parts(0.03, 0.025), parts(0.03, 0.03)],
+                supplies=[Supply(10, 0), Supply(20, 1), Supply(30, 1)])[-1]
     assert state.aims is not None and state.history and state.lr_scale != 1.0
+    assert state.supply == Supply(30, 1) and state.updates and state.window_produced == 10
     back = kl_control.state_from_dict(json.loads(json.dumps(kl_control.state_to_dict(state))))
     assert back == state
     old = {"knobs": {"active": [True, False, True], "refresh_lag": 2, "max_lag": None}, "kls": [0.01], "lag_max": 3,
@@ -228,15 +290,19 @@ def test_the_state_round_trips_through_json_and_an_older_checkpoint_gets_default
     restored = kl_control.state_from_dict(old)
     assert restored.knobs == LagKnobs((True, False, True), 2, None) and restored.adjustments == 4
     assert (restored.lr_scale, restored.history, restored.aims) == (1.0, (), None)
+    assert (restored.supply, restored.updates, restored.max_lag_floor, restored.window_produced) == (None, (), 1, 0)
 
 
 def test_unreachable_target_ends_at_every_floor_and_stops_moving():
     """The update alone exceeds the target and the learning rate is already at rl_games' floor
-    (1e-6): every lag knob goes to its floor, the rate stays, and nothing moves after that."""
+    (1e-6): every lag knob goes to its floor, the rate stays, and nothing moves after that.
+    max_lag's floor is 2: the two samplers feed the learner one chunk per iteration between
+    them, so each rollout spans two versions and a cap of 1 would waste half of them."""
     plant = Plant(rates=[0.5, 0.5], update=0.05, noise=0.0)
     limits = ControllerLimits(target=0.02, window=4, num_samplers=2, refresh_lag=2, max_lag=None, learning_rate=1e-6)
     _, states = drive(plant, limits, 200)
-    assert states[-1].knobs == LagKnobs((True, True), 1, 1)  # no sampler paused: it would lower no lag
+    assert states[-1].knobs == LagKnobs((True, True), 1, 2)  # no sampler paused: it would lower no lag
+    assert states[-1].max_lag_floor == 2 and plant.waste(states[-1].knobs) == 0.0
     assert states[-1].lr_scale == 1.0 and states[-1].reason.endswith("lr scale at its bound 1: hold")
     assert (states[-1].adjustments, states[-1].lr_adjustments) == (states[100].adjustments, states[100].lr_adjustments)
 

@@ -30,26 +30,35 @@ The staleness actuator: additive increase / multiplicative decrease (AIMD, as in
 congestion control: Chiu & Jain 1989) over a ladder of knobs ordered by what they cost in
 throughput, on the mean `kl_staleness` of the `window` iterations since its last change:
 
+  first, the waste check: where a max_lag the controller set wasted more than WASTE_MAX of
+  what the samplers made in the window (discarded by forced refreshes, dropped by the stale
+  filter), max_lag + 1, and that value is the floor of every later decrease. Such a cap binds
+  on the lag in flight (each rollout spans that many learner versions: the learner iterates
+  faster than a sampler makes a rollout), not on the buffer's residency, so it throws rollouts
+  away instead of holding samplers back. Measured (`experiments/kl_controller.py`, Pendulum-v1,
+  6 samplers, one 4x straggler, 1 ms per env step, target 0.008): without the check the ladder
+  ran max_lag down to 1, where 64 ms rollouts against a ~13 ms learner iteration were mostly
+  discarded - 17.9k env steps/s against 79k for the same samplers uncontrolled - and the few
+  fresh samples left per batch made each update noisier (kl_update 0.002-0.01 at a learning
+  rate 0.04-0.13x, where a run configured at 0.03x measures ~1e-6);
+
   decrease (window mean > staleness aim x KNOB_BAND):
     1. both cheap knobs at once, where they can still move:
        refresh_lag  <- max(1, refresh_lag // 2)   samplers refresh more often (costs a params pull)
-       max_lag      <- max(1, min(max_lag, lag_max seen) // 2)
+       max_lag      <- max(1, floor, min(max_lag, lag_max seen) // 2)
                                                   samplers hold back (with full_policy "block")
                                                   or discard what would be staler, the learner
                                                   drops it: it bounds the buffer's effective
                                                   length, so where the lag is buffer residency
                                                   (samplers out-produce the learner) it costs no
-                                                  throughput; elsewhere it costs a straggler's
-                                                  too-old rollouts
-    2. when neither can (refresh_lag 1, max_lag 1: no consumed sample is more than one version
-       old): the learning rate / LR_FACTOR (at lag <= 1 the staleness is about one update's
-       drift, which only a smaller update lowers), and the window starts again. Pausing
-       samplers is not a rung: under max_lag 1 every consumed sample is at most one version old
-       however many samplers run (a sampler in flight while the learner updates is one version
-       behind), so pausing them costs throughput and buys no staleness. Measured
-       (`experiments/kl_controller.py`, Pendulum-v1, one 4x straggler, 1 ms per env step,
-       target 0.008): a ladder that paused samplers took a run from 6 to 1 with the mean lag at
-       1.00 all along, and its 300k env steps 17.7 s against 3.8 s for 6 samplers uncontrolled
+                                                  throughput; elsewhere it wastes rollouts (the
+                                                  waste check above)
+    2. when neither can (refresh_lag 1, max_lag at its floor): the learning rate / LR_FACTOR
+       (the staleness left is what the updates made while the samples were in flight, which
+       only a smaller update lowers), and the window starts again. Pausing samplers is not a
+       rung: measured (same task), a ladder that paused samplers took a run from 6 to 1 with
+       the mean lag at 1.00 all along, and its 300k env steps 17.7 s against 3.8 s for 6
+       samplers uncontrolled
   increase (window mean < staleness aim / KNOB_BAND), the same ladder walked back up, one
   step at a time: resume the fastest paused sampler (a state restored from a checkpoint of the
   earlier controller, which paused them), then max_lag + 1 (back to its configured
@@ -60,8 +69,11 @@ throughput, on the mean `kl_staleness` of the `window` iterations since its last
 The update-size actuator: the adaptive learning rate of rl_games (`AdaptiveScheduler`,
 rl_games/common/schedulers.py: lr / 1.5 when the KL is above 2x its threshold, lr x 1.5 below
 half, lr clamped to [1e-6, 1e-2]; Schulman et al. 2017's adaptive KL penalty moves its
-coefficient by the same kind of rule), around the update aim instead of the target: on each
-iteration's `kl_update` (its effect shows in the very next iteration, so it needs no window)
+coefficient by the same kind of rule), around the update aim instead of the target: on the mean
+`kl_update` of the `window` iterations since its last change. One iteration's is too noisy to act
+on: at a fixed setting of the same task, 64-74% of the iterations' kl_update lie outside x/ 1.5
+of their median (a per-iteration rule moved the learning rate on 163 of 290 iterations, a random
+walk over 0.04-5x)
 
   lower    lr scale / LR_FACTOR when kl_update > update aim x LR_FACTOR (or at the floor, above);
   raise    lr scale x LR_FACTOR when kl_update < update aim / LR_FACTOR and the staleness
@@ -91,7 +103,8 @@ as above. The controller starts from the configured values and scale 1. No decis
 stale measures none and is skipped.
 
 State (`ControllerState`, in the threaded checkpoint's mode_state: a resumed run continues it)
-and metrics `controller_*`, one per learner iteration: `controller_staleness_mean` (the window
+and metrics `controller_*`, one per learner iteration: `controller_waste` (the window's wasted
+fraction), `controller_max_lag_floor`, `controller_staleness_mean` (the window
 mean of the last knob decision), `controller_staleness_aim`, `controller_update_aim`,
 `controller_margin` (rho), `controller_active_samplers`, `controller_refresh_lag`,
 `controller_max_lag` (None = unlimited), `controller_action` (knobs: -1 decrease, 0 hold, +1
@@ -122,6 +135,9 @@ MARGIN_MAX = 10.0
 """The largest margin rho: the aims never fall under target / MARGIN_MAX."""
 HISTORY_MIN = 32
 """Iterations the margin is measured over: the last max(window, HISTORY_MIN)."""
+WASTE_MAX = 0.1
+"""The largest fraction of what the samplers make that a max_lag the controller set may waste
+(discarded by forced refreshes or dropped by the learner's stale filter) before it is loosened."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +202,14 @@ class KlSample(NamedTuple):
         return all(math.isfinite(x) for x in self)
 
 
+class Supply(NamedTuple):
+    """A run's sample totals so far (`samples_produced`; `dropped_forced_refresh` +
+    `dropped_stale_total`): what the samplers made and how much of it a max_lag threw away."""
+
+    produced: int
+    wasted: int
+
+
 class Aims(NamedTuple):
     """What each part aims at, from the margin (module docstring)."""
 
@@ -210,6 +234,11 @@ class ControllerState:
     history: tuple[tuple[float, float, float], ...] = ()  # (total, staleness, update) of the last measured iterations
     aims: Aims | None = None  # of the last decision (None in the warm-up)
     reason: str = "warm-up"  # the last decisions in words
+    updates: tuple[float, ...] = ()  # kl_update of the iterations since the last learning-rate change (the last `window`)
+    supply: Supply | None = None  # the run's totals at the last step (None: not seen yet)
+    window_produced: int = 0  # transitions the samplers made since the last knob change
+    window_wasted: int = 0  # of which wasted (forced refreshes, stale drops)
+    max_lag_floor: int = 1  # the lowest max_lag a decrease may set (raised where a cap wasted)
 
 
 def initial_state(limits: ControllerLimits) -> ControllerState:
@@ -245,18 +274,46 @@ def _resume_fastest(active: tuple[bool, ...], rates: Sequence[float]) -> tuple[b
     return tuple(on or i == best for i, on in enumerate(active))
 
 
-def decrease(knobs: LagKnobs, lag_max: int) -> LagKnobs:
-    """One multiplicative decrease: refresh_lag and max_lag together where they can still move;
-    `knobs` itself at their floor (refresh_lag 1, max_lag 1), where the learning rate takes the
-    decrease (module docstring: pausing samplers lowers no lag there, so they are not a rung)."""
+def decrease(knobs: LagKnobs, lag_max: int, max_lag_floor: int = 1) -> LagKnobs:
+    """One multiplicative decrease: refresh_lag and max_lag together where they can still move
+    (max_lag not under `max_lag_floor`, the lowest cap that wasted no more than WASTE_MAX);
+    `knobs` itself at their floor, where the learning rate takes the decrease (module
+    docstring: pausing samplers lowers no lag there, so they are not a rung)."""
     refresh_lag = max(1, int(knobs.refresh_lag * DECREASE_FACTOR))
     current = lag_max if knobs.max_lag is None else min(knobs.max_lag, lag_max)
-    max_lag = max(1, int(current * DECREASE_FACTOR))
+    max_lag = max(1, max_lag_floor, int(current * DECREASE_FACTOR))
     if knobs.max_lag is not None and max_lag >= knobs.max_lag:
         max_lag = knobs.max_lag
     if (refresh_lag, max_lag) != (knobs.refresh_lag, knobs.max_lag):
         return replace(knobs, refresh_lag=refresh_lag, max_lag=max_lag)
     return knobs
+
+
+def waste_fraction(state: ControllerState) -> float:
+    """The fraction of what the samplers made since the last knob change that was wasted (0 when nothing was made)."""
+    return state.window_wasted / state.window_produced if state.window_produced > 0 else 0.0
+
+
+def loosen_wasting_cap(limits: ControllerLimits, state: ControllerState) -> tuple[ControllerState, str] | None:
+    """Where a max_lag the controller set wasted more than WASTE_MAX of the window's samples
+    (its lag is in flight - rollouts span that many versions - not in the buffer, so the cap
+    throws rollouts away instead of holding samplers back): max_lag + 1, and that value becomes
+    the floor of later decreases. None where the cap is the configured one or wasted less."""
+    cap = state.knobs.max_lag
+    waste = waste_fraction(state)
+    if cap is None or cap == limits.max_lag or waste <= WASTE_MAX:
+        return None
+    loosened = cap + 1 if limits.max_lag is None else min(cap + 1, limits.max_lag)
+    knobs = replace(state.knobs, max_lag=loosened)
+    why = (f"max_lag {cap} wasted {waste:.0%} of the samples (> {WASTE_MAX:.0%}: rollouts span more versions): "
+           f"max_lag {cap}->{loosened}, the floor of later decreases")
+    return restart_window(replace(state, knobs=knobs, action=1, adjustments=state.adjustments + 1,
+                                  max_lag_floor=max(state.max_lag_floor, loosened))), why
+
+
+def restart_window(state: ControllerState) -> ControllerState:
+    """`state` with its staleness window (KLs, largest lag, samples made and wasted) started again."""
+    return replace(state, kls=(), lag_max=0, window_produced=0, window_wasted=0)
 
 
 def increase(limits: ControllerLimits, knobs: LagKnobs, lag_max: int, rates: Sequence[float]) -> LagKnobs:
@@ -288,7 +345,8 @@ def describe_change(old: LagKnobs, new: LagKnobs) -> str:
 def staleness_step(
     limits: ControllerLimits, state: ControllerState, aim: float, sampler_rates: Sequence[float]
 ) -> tuple[ControllerState, str, bool]:
-    """The lag knobs' decision on the staleness window (AIMD, module docstring).
+    """The lag knobs' decision on the staleness window (AIMD, module docstring), after the
+    waste check (`loosen_wasting_cap`).
 
     Returns the state, the decision in words and whether the staleness is over its aim with
     every knob at its floor (then the learning rate takes the decrease: `update_step`)."""
@@ -296,8 +354,11 @@ def staleness_step(
         return state, f"staleness: {len(state.kls)}/{limits.window} iterations since the last change", False
     mean = sum(state.kls) / len(state.kls)
     state = replace(state, kl_mean=mean)
+    loosened = loosen_wasting_cap(limits, state)
+    if loosened is not None:
+        return loosened[0], loosened[1], False
     if mean > aim * KNOB_BAND:
-        knobs, action = decrease(state.knobs, state.lag_max), -1
+        knobs, action = decrease(state.knobs, state.lag_max, state.max_lag_floor), -1
         compared = f"{mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}"
     elif mean < aim / KNOB_BAND:
         knobs, action = increase(limits, state.knobs, state.lag_max, sampler_rates), 1
@@ -308,17 +369,21 @@ def staleness_step(
         edge = "at their floor" if action < 0 else "at their configured values"
         return state, f"staleness {compared}, knobs {edge}", action < 0
     why = f"staleness {compared}: {describe_change(state.knobs, knobs)}"
-    return replace(state, knobs=knobs, kls=(), lag_max=0, action=action, adjustments=state.adjustments + 1), why, False
+    return restart_window(replace(state, knobs=knobs, action=action, adjustments=state.adjustments + 1)), why, False
 
 
 def update_step(
-    limits: ControllerLimits, state: ControllerState, aims: Aims, update_kl: float, floor: bool
+    limits: ControllerLimits, state: ControllerState, aims: Aims, floor: bool
 ) -> tuple[ControllerState, str]:
-    """The learning rate's decision on this iteration's `kl_update` (rl_games' rule placed
-    under the aim, module docstring); `floor`: the staleness is over its aim with every lag
-    knob at its floor, so the learning rate also takes that decrease (and the staleness window
-    starts again, as after a knob change). Returns the state and the decision in words."""
+    """The learning rate's decision on the mean `kl_update` of the `window` iterations since
+    its last change (rl_games' rule placed under the aim, module docstring); `floor`: the
+    staleness is over its aim with every lag knob at its floor, so the learning rate also takes
+    that decrease (and the staleness window starts again, as after a knob change). Returns the
+    state and the decision in words."""
     staleness = sum(state.kls) / len(state.kls) if state.kls else state.kl_mean
+    if len(state.updates) < limits.window and not floor:
+        return state, f"update: {len(state.updates)}/{limits.window} iterations since the last lr change"
+    update_kl = sum(state.updates) / len(state.updates)
     if update_kl > aims.update * LR_FACTOR:
         factor, why = 1.0 / LR_FACTOR, f"update {update_kl:.4g} > aim {aims.update:.4g} x {LR_FACTOR:g}"
     elif floor:
@@ -331,14 +396,27 @@ def update_step(
     scale = min(max(state.lr_scale * factor, low), high)
     if scale == state.lr_scale:
         return state, f"{why}, lr scale at its bound {scale:.3g}: hold"
-    state = replace(state, lr_scale=scale, lr_action=1 if factor > 1 else -1, lr_adjustments=state.lr_adjustments + 1)
+    state = replace(state, lr_scale=scale, lr_action=1 if factor > 1 else -1, lr_adjustments=state.lr_adjustments + 1,
+                    updates=())
     if floor and factor < 1:
-        state = replace(state, kls=(), lag_max=0)
+        state = restart_window(state)
     return state, f"{why}: lr scale {scale:.3g}"
 
 
+def with_supply(state: ControllerState, supply: Supply | None) -> ControllerState:
+    """`state` with what the samplers made and wasted since the last step added to its window
+    (`supply`: the run's totals now; None: not measured, nothing added)."""
+    if supply is None:
+        return state
+    before = state.supply or Supply(0, 0)
+    made, wasted = max(0, supply.produced - before.produced), max(0, supply.wasted - before.wasted)
+    return replace(state, supply=Supply(int(supply.produced), int(supply.wasted)),
+                   window_produced=state.window_produced + made, window_wasted=state.window_wasted + wasted)
+
+
 def step(
-    limits: ControllerLimits, state: ControllerState, kl: KlSample, lag_max: int, sampler_rates: Sequence[float]
+    limits: ControllerLimits, state: ControllerState, kl: KlSample, lag_max: int, sampler_rates: Sequence[float],
+    supply: Supply | None = None,
 ) -> ControllerState:
     """The controller after one learner iteration (pure).
 
@@ -348,23 +426,26 @@ def step(
       kl: this iteration's approx_kl and its parts (not counted unless all are finite).
       lag_max: this iteration's largest consumed lag.
       sampler_rates: `[num_samplers]` env steps per second of each sampler while it ran (which
-        samplers to pause or resume).
+        paused sampler to resume first).
+      supply: the run's sample totals now (what a max_lag wastes: `loosen_wasting_cap`);
+        None: not measured.
 
     Returns:
       The new state; `state.knobs` and `state.lr_scale` are what the run applies next.
     """
     if len(sampler_rates) != limits.num_samplers:
         raise ValueError(f"sampler_rates has {len(sampler_rates)} entries, expected {limits.num_samplers}")
-    state = replace(state, lag_max=max(state.lag_max, int(lag_max)), action=0, lr_action=0)
+    state = replace(with_supply(state, supply), lag_max=max(state.lag_max, int(lag_max)), action=0, lr_action=0)
     if not kl.measured:
         return replace(state, reason="no KL measured (nothing consumed): hold")
     history = (state.history + (tuple(float(x) for x in kl),))[-limits.history:]
-    state = replace(state, history=history, kls=(state.kls + (float(kl.staleness),))[-limits.window:])
+    state = replace(state, history=history, kls=(state.kls + (float(kl.staleness),))[-limits.window:],
+                    updates=(state.updates + (float(kl.update),))[-limits.window:])
     if len(history) < limits.window:
         return replace(state, reason=f"warm-up: {len(history)}/{limits.window} iterations")
     aims = aims_of(limits, history)
     state, knob_reason, floor = staleness_step(limits, state, aims.staleness, sampler_rates)
-    state, lr_reason = update_step(limits, state, aims, float(kl.update), floor)
+    state, lr_reason = update_step(limits, state, aims, floor)
     return replace(state, aims=aims, reason=f"{knob_reason}; {lr_reason}")
 
 
@@ -384,6 +465,8 @@ def controller_metrics(state: ControllerState) -> dict[str, Any]:
         "controller_lr_scale": state.lr_scale,
         "controller_lr_action": state.lr_action,
         "controller_lr_adjustments": state.lr_adjustments,
+        "controller_waste": waste_fraction(state),
+        "controller_max_lag_floor": state.max_lag_floor,
         "controller_reason": state.reason,
     }
 
@@ -392,6 +475,7 @@ def state_to_dict(state: ControllerState) -> dict[str, Any]:
     """A state as plain JSON types (a checkpoint's mode_state; `state_from_dict` inverts it)."""
     data = asdict(state)
     data["aims"] = None if state.aims is None else list(state.aims)
+    data["supply"] = None if state.supply is None else list(state.supply)
     return data
 
 
@@ -406,6 +490,8 @@ def state_from_dict(data: Mapping[str, Any]) -> ControllerState:
         "history": tuple(tuple(float(x) for x in h) for h in data.get("history", ())),
         "aims": None if data.get("aims") is None else Aims(*(float(x) for x in data["aims"])),
         "kl_mean": None if data.get("kl_mean") is None else float(data["kl_mean"]),
+        "supply": None if data.get("supply") is None else Supply(*(int(x) for x in data["supply"])),
+        "updates": tuple(float(u) for u in data.get("updates", ())),
     }
     for f in fields(ControllerState):
         if f.name not in values and f.name in data:

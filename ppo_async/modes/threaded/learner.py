@@ -44,14 +44,24 @@ def kl_sample(metrics: Mapping[str, Any], consumed: int) -> kl_control.KlSample:
     return kl_control.KlSample(float(metrics["approx_kl"]), float(metrics["kl_staleness"]), float(metrics["kl_update"]))
 
 
+def supply_of(accounting: Mapping[str, int]) -> kl_control.Supply:
+    """The run's totals the controller weighs a max_lag by: transitions produced, and those a
+    max_lag wasted (discarded by forced refreshes, dropped by the learner's stale filter)."""
+    return kl_control.Supply(int(accounting["samples_produced"]),
+                             int(accounting["dropped_forced_refresh"]) + int(accounting["dropped_stale_total"]))
+
+
 def control_lag(shared: RunShared, limits: kl_control.ControllerLimits, state: kl_control.ControllerState,
-                metrics: Mapping[str, Any], consumed: int, elapsed_s: float) -> kl_control.ControllerState:
-    """One KL-controller step after a learner iteration: feeds it the iteration's KL parts and
-    lag_max and each sampler's rate while it ran, and puts its lag knobs in force for the
-    samplers (the learning rate is the learner's: `controlled_hparams`)."""
+                metrics: Mapping[str, Any], consumed: int, elapsed_s: float,
+                accounting: Mapping[str, int]) -> kl_control.ControllerState:
+    """One KL-controller step after a learner iteration: feeds it the iteration's KL parts,
+    lag_max, each sampler's rate while it ran and the run's sample totals (`threaded_accounting`),
+    and puts its lag knobs in force for the samplers (the learning rate is the learner's:
+    `controlled_hparams`)."""
     now = shared.start + elapsed_s
     rates = [s.produced / max(elapsed_s - s.paused_seconds(now), 1e-9) for s in shared.stats]
-    state = kl_control.step(limits, state, kl_sample(metrics, consumed), int(metrics["lag_max"]), rates)
+    state = kl_control.step(limits, state, kl_sample(metrics, consumed), int(metrics["lag_max"]), rates,
+                            supply_of(accounting))
     shared.knobs = state.knobs
     return state
 
@@ -284,7 +294,7 @@ class Learner:
                           sgd_steps=sgd_steps, accounting=accounting, buffer_fill=counters["size"] / shared.buffer.capacity,
                           times=times, sampler_stats=shared.stats, phases=self.phases)
         if self.control is not None:  # the KL controller moves the lag knobs for what comes next
-            row.update(self._control(metrics, consumed, times.done - shared.start))
+            row.update(self._control(metrics, consumed, times.done - shared.start, accounting))
         if self.start.resumed:  # the lag history before it is not replayed: the rows say where it restarted
             row["wall_time"] += self.start.wall_time
             row["resumed_at_iteration"] = self.start.iteration
@@ -325,11 +335,12 @@ class Learner:
                            learner_fetch_s=fetched - updated, learner_publish_s=time.perf_counter() - fetched)
         return dict(metrics), int(sgd_steps)
 
-    def _control(self, metrics: Mapping[str, Any], consumed: int, elapsed_s: float) -> dict[str, Any]:
+    def _control(self, metrics: Mapping[str, Any], consumed: int, elapsed_s: float,
+                 accounting: Mapping[str, int]) -> dict[str, Any]:
         """The KL controller's step; the learner's stale filter follows its max_lag and its
         learning rate its scale from the next iteration on. Returns its metrics."""
         before = self.control
-        self.control = control_lag(self.shared, self.limits, self.control, metrics, consumed, elapsed_s)
+        self.control = control_lag(self.shared, self.limits, self.control, metrics, consumed, elapsed_s, accounting)
         if self.control.knobs.max_lag != before.knobs.max_lag:
             self.hparams = with_max_lag(self.hparams, self.control.knobs.max_lag)
         if self.control.lr_scale != before.lr_scale:
