@@ -67,7 +67,9 @@ WARMUP_FRACTION = 0.2  # iterations left out of the KL fractions (the controller
 CURVE_COLUMNS = ("iteration", "env_steps", "wall_time", "episode_return", "approx_kl", "kl_staleness", "kl_update",
                  "kl_cross", "learning_rate", "lag_mean", "controller_active_samplers", "controller_refresh_lag",
                  "controller_max_lag", "controller_lr_scale", "controller_margin", "controller_staleness_aim",
-                 "controller_update_aim", "controller_action", "controller_lr_action", "controller_reason")
+                 "controller_update_aim", "controller_action", "controller_lr_action", "controller_waste",
+                 "controller_max_lag_floor", "controller_reason", "samples_produced", "dropped_forced_refresh",
+                 "dropped_stale_total")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +165,8 @@ def measure(df: pd.DataFrame, task: Task, name: str, seed: int, config: pa.Confi
            "buffer_chunks": config.buffer_capacity_chunks, "controlled": config.threaded.kl_target is not None,
            "seconds_to_return": seconds, "steps_to_return": steps, "final_return": m["final_return"],
            "within_1_25_target": within, "under_target": under, "approx_kl_mean": m["approx_kl_mean"],
-           "consumer_steps_per_s": m["consumer_steps_per_s"], "wall_time": float(df.wall_time.iloc[-1])}
+           "consumer_steps_per_s": m["consumer_steps_per_s"], "wall_time": float(df.wall_time.iloc[-1]),
+           "wasted_fraction": wasted_fraction(df)}
     for part in ("kl_staleness", "kl_update"):
         row[f"{part}_mean"] = float(pd.to_numeric(tail[part], errors="coerce").mean()) if part in df.columns else math.nan
     if row["controlled"]:
@@ -173,6 +176,16 @@ def measure(df: pd.DataFrame, task: Task, name: str, seed: int, config: pa.Confi
                    final_lr_scale=float(last.controller_lr_scale), adjustments=int(last.controller_adjustments),
                    lr_adjustments=int(last.controller_lr_adjustments))
     return row
+
+
+def wasted_fraction(df: pd.DataFrame) -> float:
+    """The fraction of what the samplers made that a max_lag threw away over the run (forced
+    refreshes and stale drops over samples produced; NaN for a run without the counters)."""
+    if not {"samples_produced", "dropped_forced_refresh", "dropped_stale_total"} <= set(df.columns):
+        return math.nan
+    last = df.iloc[-1]
+    produced = float(last.samples_produced)
+    return (float(last.dropped_forced_refresh) + float(last.dropped_stale_total)) / produced if produced > 0 else math.nan
 
 
 def run_dir_of(out: str, task_name: str, setting: str, seed: int) -> str:
@@ -257,7 +270,7 @@ def task_lines(task_name: str, task: Task, runs: pd.DataFrame, target: float) ->
              f"controlled starts from {task.bad_samplers} samplers, a {task.bad_buffer_chunks}-chunk buffer, refresh_lag "
              f"{task.bad_refresh_lag}; the fixed grid has refresh_lag 1", "",
              f"| setting | seconds to {task.threshold:g} (reached) | final return | KL <= 1.25 x target | KL <= target "
-             "| mean KL | staleness | update | env steps/s |", "|---|---|---|---|---|---|---|---|---|"]
+             "| mean KL | staleness | update | env steps/s | wasted |", "|---|---|---|---|---|---|---|---|---|---|"]
     grid = runs.drop_duplicates("setting").sort_values(["controlled", "samplers", "buffer_chunks"],
                                                        ascending=[False, True, True])
     for name in grid.setting:
@@ -265,7 +278,8 @@ def task_lines(task_name: str, task: Task, runs: pd.DataFrame, target: float) ->
         lines.append(f"| {name} | {to_return_text(rows)} | {pm(rows.final_return, '.0f')} | "
                      f"{pm(rows.within_1_25_target * 100, '.0f')}% | {pm(rows.under_target * 100, '.0f')}% | "
                      f"{pm(rows.approx_kl_mean, '.4f')} | {pm(rows.kl_staleness_mean, '.4f')} | "
-                     f"{pm(rows.kl_update_mean, '.4f')} | {pm(rows.consumer_steps_per_s, ',.0f')} |")
+                     f"{pm(rows.kl_update_mean, '.4f')} | {pm(rows.consumer_steps_per_s, ',.0f')} | "
+                     f"{pm(rows.get('wasted_fraction', pd.Series(dtype=float)) * 100, '.0f')}% |")
     controlled = runs[runs.setting == "controlled"]
     if len(controlled) and "final_active_samplers" in controlled.columns:
         lines.append("\ncontrolled, at the end (per seed): " + "; ".join(
