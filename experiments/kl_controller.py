@@ -9,6 +9,7 @@ fast as the best fixed setting of a grid, chosen after the fact?
     python experiments/kl_controller.py --summarise-only --out DIR   # summary and figures again from DIR, no training
     python experiments/kl_controller.py --out experiments/results/kl_controller   # publish
     python experiments/kl_controller.py --tasks hopper --jobs 4  # 4 runs at once (latency-bound runs only)
+    python experiments/kl_controller.py --tasks pendulum --controlled-only --kl-target 0.02 --out DIR   # another target
 
 Per task (`TASKS`), a slow-simulator regime: each sampler sleeps `latency_ms` per env step and
 the last one 4x that (one straggler at every sampler count). Settings, each `num_seeds` threaded
@@ -111,6 +112,8 @@ class Args:
     """Smoke run: 1 seed, 12 learner iterations a run, 0.2 ms per env step (written to runs/experiments/kl_controller/quick unless --out)."""
     summarise_only: bool = False
     """Write summary.txt and the figures again from OUT's finished runs: no training."""
+    controlled_only: bool = False
+    """Only the controlled runs, no fixed grid (the controller at another --kl-target, into its own --out)."""
     jobs: int = 1
     """Runs trained at once, each in its own (spawned) process; 1 = one after another in this process.
     Only for runs bound by the simulated latency, not by the cores (the hopper task): a run's
@@ -411,7 +414,8 @@ def run(args: Args, out: str, tasks: dict[str, Task]) -> None:
         raise SystemExit(f"--jobs {args.jobs}: must be >= 1")
     t0 = time.perf_counter()
     todo = [(task_name, task, name, config, seed) for task_name, task in tasks.items()
-            for seed in range(args.num_seeds) for name, config in settings(task, args.kl_target).items()]
+            for seed in range(args.num_seeds) for name, config in settings(task, args.kl_target).items()
+            if name == "controlled" or not args.controlled_only]
     if args.jobs == 1:
         for task_name, task, name, config, seed in todo:
             run_one(out, task_name, task, name, config, seed, args.kl_target)

@@ -66,6 +66,8 @@ def test_the_tiny_version_end_to_end(tmp_path, monkeypatch):
     assert runs.within_1_25_target.between(0, 1).all() and (runs.under_target <= runs.within_1_25_target).all()
     controlled = runs[runs.setting == "controlled"].iloc[0]
     assert controlled.samplers == 6 and controlled.buffer_chunks == 64 and controlled.final_lr_scale > 0
+    assert runs.wasted_fraction.between(0, 1).all()
+    assert (runs[runs.setting != "controlled"].wasted_fraction == 0).all()  # no max_lag: nothing thrown away
     curve = pd.read_csv(os.path.join(out, "pendulum", "runs", "controlled", "seed0", "curve.csv.gz"))
     assert {"kl_staleness", "kl_update", "controller_lr_scale", "controller_reason", "kl_measured"} <= set(curve.columns)
     for name in ("summary.txt", "kl_per_iteration.png", "knobs_over_time.png", "wall_clock_grid.png"):
@@ -92,3 +94,12 @@ def test_jobs_below_one_is_refused_before_any_run(tmp_path):
     with pytest.raises(SystemExit, match=r"--jobs 0: must be >= 1"):
         script.run(script.Args(tasks=("pendulum",), quick=True, jobs=0), str(tmp_path), script.tasks_of(script.Args(quick=True)))
     assert os.listdir(tmp_path) == []
+
+
+def test_controlled_only_trains_no_fixed_setting(tmp_path, monkeypatch):
+    trained = []
+    monkeypatch.setattr(script, "run_one", lambda out, task_name, task, name, *rest: trained.append((task_name, name)))
+    monkeypatch.setattr(script, "summarise", lambda *a, **k: None)
+    args = script.Args(tasks=("pendulum",), quick=True, num_seeds=2, controlled_only=True, kl_target=0.02)
+    script.run(args, str(tmp_path), script.tasks_of(args))
+    assert trained == [("pendulum", "controlled")] * 2
