@@ -123,7 +123,8 @@ def in_process_commands(code: str) -> list[tuple[list[str], bool]] | None:
 
 
 def run_page(page: str, work_dir: str) -> None:
-    """Runs a page's blocks in order in this process (`python tests/test_docs.py PAGE DIR`):
+    """Runs a page's blocks in order in this process (`python tests/test_docs.py PAGE DIR`, or
+    the page runner's `serve`):
     python blocks in one namespace, as pasted into one session; bash blocks made only of
     `python -m ppo_async` commands through `ppo_async.cli.main` (one JAX start per page, the
     compiled programs shared, as `tests/conftest.py`'s cli_main does); other bash blocks in bash."""
@@ -160,19 +161,98 @@ def run_page(page: str, work_dir: str) -> None:
                                  + (" (the page says it is refused)" if refused else ""))
 
 
+class PageRunner:
+    """One interpreter that runs pages one after another (`serve`), for the pages a test worker
+    gets: JAX starts once and the programs the pages share are traced once, as a user's session
+    pasting them would. Each page still runs in its own scratch directory and namespace, its
+    output in its own log. A page that kills the interpreter fails alone: the next starts a new one."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> subprocess.Popen:
+        env = dict(os.environ)
+        env.update(MPLBACKEND="Agg", PYTHONUNBUFFERED="1",
+                   PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], env=env, cwd=ROOT,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def run(self, page: str, work_dir: str, log: str, timeout_s: float = 600) -> str | None:
+        """Runs `page` in `work_dir`, its output to `log`; None when every block ran, else why not."""
+        import json
+        import selectors
+
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self.start()
+        self.proc.stdin.write(json.dumps({"page": page, "work_dir": work_dir, "log": log}) + "\n")
+        self.proc.stdin.flush()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            ready = selector.select(timeout_s)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:  # it died, or hangs: the next page gets a new interpreter
+            self.close()
+            return "the page runner " + ("ended" if ready else f"did not answer in {timeout_s:.0f} s")
+        return json.loads(line)["error"]
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def serve() -> None:
+    """The page runner's loop (`python tests/test_docs.py --serve`): one JSON request per line on
+    stdin, `run_page` with stdout and stderr (file descriptors 1 and 2, so bash blocks' output
+    too) in the request's log, one JSON answer per line on the original stdout."""
+    import json
+    import traceback
+
+    from ppo_async.runtime.xla_flags import apply_cpu_workarounds
+
+    apply_cpu_workarounds()  # as `python -m ppo_async` does, before JAX starts
+    answers, requests = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(0), "r")
+    with open(os.devnull, encoding="utf-8") as nothing:  # a page (or its bash) reading stdin gets nothing, not a request
+        os.dup2(nothing.fileno(), 0)
+    for request in requests:
+        request = json.loads(request)
+        with open(request["log"], "w", encoding="utf-8") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            error = None
+            try:
+                run_page(request["page"], request["work_dir"])
+            except BaseException as exc:  # noqa: BLE001 - every failure goes back to the test
+                traceback.print_exc()
+                error = f"{type(exc).__name__}: {exc}"
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                if "matplotlib.pyplot" in sys.modules:
+                    sys.modules["matplotlib.pyplot"].close("all")
+                os.chdir(ROOT)
+        answers.write(json.dumps({"error": error}) + "\n")
+        answers.flush()
+
+
+@pytest.fixture(scope="session")
+def page_runner():
+    runner = PageRunner()
+    yield runner
+    runner.close()
+
+
 @pytest.mark.parametrize("page", PAGES)
-def test_doc_blocks_run(page, tmp_path):
-    """Runs the page's blocks in order, in a scratch directory, in a fresh interpreter (`run_page`)."""
+def test_doc_blocks_run(page, tmp_path, page_runner):
+    """Runs the page's blocks in order, in a scratch directory (`run_page`), in this worker's page runner."""
     for name in ("experiments", "notebooks"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
-    env = dict(os.environ)
-    env.update(MPLBACKEND="Agg", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), page, str(tmp_path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"{page}: a block failed (status {proc.returncode})\n--- stdout ---\n{proc.stdout[-5000:]}\n"
-                    f"--- stderr ---\n{proc.stderr[-8000:]}", pytrace=False)
+    log = tmp_path / "page.log"
+    error = page_runner.run(page, str(tmp_path), str(log))
+    if error is not None:
+        output = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+        pytest.fail(f"{page}: a block failed ({error})\n--- output ---\n{output[-10000:]}", pytrace=False)
 
 
 def test_few_blocks_are_skipped():
@@ -247,4 +327,7 @@ def test_links_stay_in_the_repository(page):
 
 
 if __name__ == "__main__":
-    run_page(sys.argv[1], sys.argv[2])
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        run_page(sys.argv[1], sys.argv[2])

@@ -254,14 +254,30 @@ def test_both_under_their_bands_raise_the_knobs_and_the_learning_rate_to_its_bou
     assert states[-1].lr_adjustments == 3 and states[-1].adjustments == 4
 
 
-def test_at_the_knobs_floor_the_learning_rate_takes_the_staleness_decrease():
+def test_at_the_knobs_floor_the_learning_rate_takes_the_staleness_decrease_where_it_works():
+    """At the knobs' floor a staleness over its aim lowers the learning rate, once per window;
+    the next window judges it: kept where the staleness fell by more than sqrt(1.5) (a part made
+    by the updates falls as the square of the step), undone where it did not (then the rate
+    leaves the staleness alone for `history` iterations and may rise for the update part)."""
     limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
     floor = replace(initial_state(limits), knobs=LagKnobs((True, False), 1, 1))
-    states = run(limits, [parts(0.016, 0.004)] * 4, floor, lag_max=1)
-    assert [s.lr_action for s in states] == [0, -1, 0, -1]  # once per staleness window: it starts again
-    assert [s.action for s in states] == [0, 0, 0, 0] and states[1].kls == ()
-    assert states[1].reason == ("staleness 0.016 > aim 0.01 x 1.41, knobs at their floor; "
-                                "staleness over its aim at the knobs' floor: lr scale 0.667")
+    falls = run(limits, [parts(0.016, 0.004)] * 2 + [parts(0.007, 0.008)] * 2, floor, lag_max=1)
+    assert [s.lr_action for s in falls] == [0, -1, 0, 0] and [s.action for s in falls] == [0, 0, 0, 0]
+    assert falls[1].reason == ("staleness 0.016 > aim 0.01 x 1.41, knobs at their floor; "
+                               "staleness over its aim at the knobs' floor: lr scale 0.667")
+    assert falls[1].kls == () and falls[1].lr_trial == (0.016, 1.0)
+    assert falls[3].reason.startswith("staleness fell with the learning rate (0.016 -> 0.007); staleness 0.007 within aim")
+    assert (falls[3].lr_trial, falls[3].lr_off_staleness, falls[3].lr_scale) == (None, 0, pytest.approx(1 / 1.5))
+
+    stays = run(limits, [parts(0.016, 0.004)] * 6, floor, lag_max=1)
+    assert [s.lr_action for s in stays] == [0, -1, 0, 1, 0, 1]
+    assert stays[3].reason.startswith("staleness did not fall with the learning rate (0.016 -> 0.016, not under / 1.22): "
+                                      "lr scale back to 1, and it leaves the staleness alone for 32 iterations; ")
+    assert stays[3].lr_scale == 1.0 and stays[3].lr_off_staleness == 32
+    # then the staleness over its aim lowers nothing, and the update under its aim raises the rate
+    assert stays[5].reason == ("staleness 0.016 > aim 0.01 x 1.41, knobs at their floor; "
+                               "update 0.004 < aim 0.01 / 1.5: lr scale 1.5")
+    assert stays[5].lr_off_staleness == 30
 
 
 def test_the_margin_from_the_spread_hand_values():
@@ -283,6 +299,7 @@ def test_the_state_round_trips_through_json_and_an_older_checkpoint_gets_default
                 supplies=[Supply(10, 0), Supply(20, 1), Supply(30, 1)])[-1]
     assert state.aims is not None and state.history and state.lr_scale != 1.0
     assert state.supply == Supply(30, 1) and state.updates and state.window_produced == 10
+    state = replace(state, lr_trial=(0.012, 0.5), lr_off_staleness=5, max_lag_floor=3)
     back = kl_control.state_from_dict(json.loads(json.dumps(kl_control.state_to_dict(state))))
     assert back == state
     old = {"knobs": {"active": [True, False, True], "refresh_lag": 2, "max_lag": None}, "kls": [0.01], "lag_max": 3,

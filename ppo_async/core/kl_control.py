@@ -239,6 +239,8 @@ class ControllerState:
     window_produced: int = 0  # transitions the samplers made since the last knob change
     window_wasted: int = 0  # of which wasted (forced refreshes, stale drops)
     max_lag_floor: int = 1  # the lowest max_lag a decrease may set (raised where a cap wasted)
+    lr_trial: tuple[float, float] | None = None  # (staleness window mean, lr scale) before a decrease at the knobs' floor, until judged
+    lr_off_staleness: int = 0  # iterations the learning rate still leaves the staleness alone (a decrease at the floor did not lower it)
 
 
 def initial_state(limits: ControllerLimits) -> ControllerState:
@@ -311,6 +313,31 @@ def loosen_wasting_cap(limits: ControllerLimits, state: ControllerState) -> tupl
                                   max_lag_floor=max(state.max_lag_floor, loosened))), why
 
 
+def judge_lr_trial(limits: ControllerLimits, state: ControllerState, mean: float) -> tuple[ControllerState, str]:
+    """After a learning-rate decrease at the knobs' floor (`lr_trial`), the next full staleness
+    window says whether it lowered the staleness: a part made by the updates falls as the
+    square of the step, LR_FACTOR^2 for one decrease; one that fell by less than
+    sqrt(LR_FACTOR) (a quarter of that in log terms, room for the windows' noise) is not the
+    updates' doing (e.g. the normalisation statistics drifting over the lag) and a smaller step
+    only slows learning, so the decrease is undone and the learning rate leaves the staleness
+    alone for the next `limits.history` iterations (or until the knobs move), then tries again.
+    Returns the state and the verdict in words ('' when there was no trial)."""
+    if state.lr_trial is None:
+        return state, ""
+    before, scale = state.lr_trial
+    state = replace(state, lr_trial=None)
+    if mean <= before / LR_FACTOR ** 0.5:
+        return state, f"staleness fell with the learning rate ({before:.4g} -> {mean:.4g}); "
+    low, high = limits.lr_scale_bounds
+    restored = min(max(scale, low), high)
+    state = replace(state, lr_off_staleness=limits.history, lr_scale=restored, updates=(),
+                    lr_action=1 if restored > state.lr_scale else state.lr_action,
+                    lr_adjustments=state.lr_adjustments + (restored != state.lr_scale))
+    return state, (f"staleness did not fall with the learning rate ({before:.4g} -> {mean:.4g}, not under / "
+                   f"{LR_FACTOR ** 0.5:.3g}): lr scale back to {restored:.3g}, and it leaves the staleness alone for "
+                   f"{limits.history} iterations; ")
+
+
 def restart_window(state: ControllerState) -> ControllerState:
     """`state` with its staleness window (KLs, largest lag, samples made and wasted) started again."""
     return replace(state, kls=(), lag_max=0, window_produced=0, window_wasted=0)
@@ -354,9 +381,10 @@ def staleness_step(
         return state, f"staleness: {len(state.kls)}/{limits.window} iterations since the last change", False
     mean = sum(state.kls) / len(state.kls)
     state = replace(state, kl_mean=mean)
+    state, judged = judge_lr_trial(limits, state, mean)
     loosened = loosen_wasting_cap(limits, state)
     if loosened is not None:
-        return loosened[0], loosened[1], False
+        return replace(loosened[0], lr_off_staleness=0), judged + loosened[1], False
     if mean > aim * KNOB_BAND:
         knobs, action = decrease(state.knobs, state.lag_max, state.max_lag_floor), -1
         compared = f"{mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}"
@@ -364,12 +392,13 @@ def staleness_step(
         knobs, action = increase(limits, state.knobs, state.lag_max, sampler_rates), 1
         compared = f"{mean:.4g} < aim {aim:.4g} / {KNOB_BAND:.3g}"
     else:
-        return state, f"staleness {mean:.4g} within aim {aim:.4g} x/ {KNOB_BAND:.3g}: hold", False
+        return state, f"{judged}staleness {mean:.4g} within aim {aim:.4g} x/ {KNOB_BAND:.3g}: hold", False
     if knobs == state.knobs:  # no rung left in that direction
         edge = "at their floor" if action < 0 else "at their configured values"
-        return state, f"staleness {compared}, knobs {edge}", action < 0
-    why = f"staleness {compared}: {describe_change(state.knobs, knobs)}"
-    return restart_window(replace(state, knobs=knobs, action=action, adjustments=state.adjustments + 1)), why, False
+        return state, f"{judged}staleness {compared}, knobs {edge}", action < 0
+    why = f"{judged}staleness {compared}: {describe_change(state.knobs, knobs)}"
+    return restart_window(replace(state, knobs=knobs, action=action, adjustments=state.adjustments + 1,
+                                  lr_off_staleness=0, lr_trial=None)), why, False
 
 
 def update_step(
@@ -381,6 +410,7 @@ def update_step(
     that decrease (and the staleness window starts again, as after a knob change). Returns the
     state and the decision in words."""
     staleness = sum(state.kls) / len(state.kls) if state.kls else state.kl_mean
+    floor = floor and state.lr_off_staleness == 0
     if len(state.updates) < limits.window and not floor:
         return state, f"update: {len(state.updates)}/{limits.window} iterations since the last lr change"
     update_kl = sum(state.updates) / len(state.updates)
@@ -388,7 +418,8 @@ def update_step(
         factor, why = 1.0 / LR_FACTOR, f"update {update_kl:.4g} > aim {aims.update:.4g} x {LR_FACTOR:g}"
     elif floor:
         factor, why = 1.0 / LR_FACTOR, "staleness over its aim at the knobs' floor"
-    elif update_kl < aims.update / LR_FACTOR and (staleness is None or staleness <= aims.staleness * KNOB_BAND):
+    elif update_kl < aims.update / LR_FACTOR and (staleness is None or staleness <= aims.staleness * KNOB_BAND
+                                                  or state.lr_off_staleness > 0):
         factor, why = LR_FACTOR, f"update {update_kl:.4g} < aim {aims.update:.4g} / {LR_FACTOR:g}"
     else:
         return state, f"update {update_kl:.4g} within aim {aims.update:.4g} x/ {LR_FACTOR:g}: lr hold"
@@ -396,10 +427,11 @@ def update_step(
     scale = min(max(state.lr_scale * factor, low), high)
     if scale == state.lr_scale:
         return state, f"{why}, lr scale at its bound {scale:.3g}: hold"
+    if floor and factor < 1:  # a trial: the next staleness window says whether it worked (`judge_lr_trial`)
+        trial = (state.kl_mean if state.kl_mean is not None else staleness, state.lr_scale)
+        state = restart_window(replace(state, lr_trial=state.lr_trial or trial))
     state = replace(state, lr_scale=scale, lr_action=1 if factor > 1 else -1, lr_adjustments=state.lr_adjustments + 1,
                     updates=())
-    if floor and factor < 1:
-        state = restart_window(state)
     return state, f"{why}: lr scale {scale:.3g}"
 
 
@@ -439,7 +471,7 @@ def step(
     if not kl.measured:
         return replace(state, reason="no KL measured (nothing consumed): hold")
     history = (state.history + (tuple(float(x) for x in kl),))[-limits.history:]
-    state = replace(state, history=history, kls=(state.kls + (float(kl.staleness),))[-limits.window:],
+    state = replace(state, history=history, lr_off_staleness=max(0, state.lr_off_staleness - 1), kls=(state.kls + (float(kl.staleness),))[-limits.window:],
                     updates=(state.updates + (float(kl.update),))[-limits.window:])
     if len(history) < limits.window:
         return replace(state, reason=f"warm-up: {len(history)}/{limits.window} iterations")
@@ -492,6 +524,7 @@ def state_from_dict(data: Mapping[str, Any]) -> ControllerState:
         "kl_mean": None if data.get("kl_mean") is None else float(data["kl_mean"]),
         "supply": None if data.get("supply") is None else Supply(*(int(x) for x in data["supply"])),
         "updates": tuple(float(u) for u in data.get("updates", ())),
+        "lr_trial": None if data.get("lr_trial") is None else tuple(float(x) for x in data["lr_trial"]),
     }
     for f in fields(ControllerState):
         if f.name not in values and f.name in data:
