@@ -165,10 +165,10 @@ def test_a_slow_host_simulator_that_steps_is_alive(monkeypatch):
         return real_step(self, action)
 
     monkeypatch.setattr(HostVectorEnv, "step", slow_step)
-    config = host_config(num_samplers=1, timeout_s=2.0, iterations=2, num_steps=16)
+    config = host_config(num_samplers=1, timeout_s=2.0, iterations=1, num_steps=16)
     rows = finish_within(HANG_GUARD_S, lambda: pa.train(config)).metrics
-    assert [r["iteration"] for r in rows] == [1, 2]
-    assert max(r["learner_wait_s"] for r in rows) > config.threaded.timeout_s  # the learner starved past it
+    assert [r["iteration"] for r in rows] == [1]
+    assert rows[0]["learner_wait_s"] > config.threaded.timeout_s  # the learner starved past it
 
 
 def test_a_jax_sampler_with_a_long_simulated_latency_is_alive():
