@@ -262,8 +262,22 @@ def to_return_text(rows: pd.DataFrame) -> str:
     """Median seconds to the return over the runs that reached it, and how many did."""
     seconds = pd.to_numeric(rows.seconds_to_return, errors="coerce")
     reached = np.isfinite(seconds)
-    median = f"{seconds[reached].median():.0f}" if reached.any() else "-"
+    median = f"{seconds[reached].median():.2f}" if reached.any() else "-"
     return f"{median} ({int(reached.sum())}/{len(rows)})"
+
+
+def against_the_grid(runs: pd.DataFrame, task: Task) -> list[str]:
+    """The controlled runs' median seconds to the return against the best and the median fixed
+    setting's (medians over seeds; a setting whose seeds did not all reach it counts as never)."""
+    seconds = pd.to_numeric(runs.seconds_to_return, errors="coerce").fillna(math.inf)
+    medians = seconds.groupby(runs.setting).median()
+    fixed = medians.drop("controlled", errors="ignore")
+    if "controlled" not in medians or fixed.empty or not np.isfinite(fixed.min()):
+        return []
+    ours, best = medians["controlled"], fixed.min()
+    return ["", f"controlled: {ours:.2f} s to {task.threshold:g} (median over seeds) = {ours / best:.2f}x the best fixed "
+                f"setting's ({fixed.idxmin()}, {best:.2f} s) and {ours / fixed.median():.2f}x the median fixed "
+                f"setting's ({fixed.median():.2f} s)"]
 
 
 def task_lines(task_name: str, task: Task, runs: pd.DataFrame, target: float) -> list[str]:
@@ -284,6 +298,7 @@ def task_lines(task_name: str, task: Task, runs: pd.DataFrame, target: float) ->
                      f"{pm(rows.kl_update_mean, '.4f')} | {pm(rows.consumer_steps_per_s, ',.0f')} | "
                      f"{pm(rows.get('wasted_fraction', pd.Series(dtype=float)) * 100, '.0f')}% |")
     controlled = runs[runs.setting == "controlled"]
+    lines += against_the_grid(runs, task)
     if len(controlled) and "final_active_samplers" in controlled.columns:
         lines.append("\ncontrolled, at the end (per seed): " + "; ".join(
             f"{int(r.final_active_samplers)} samplers, refresh_lag {int(r.final_refresh_lag)}, max_lag "

@@ -461,11 +461,11 @@ def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
     if table.empty:
         return lines + ["(no finished runs yet)"]
     lines.append(formatted(table).to_string(index=False))
-    tolerated = [line for env in dict.fromkeys(table["env"]) for correction in CORRECTIONS
+    tolerated = [line for correction in CORRECTIONS for env in dict.fromkeys(table["env"])
                  if (line := tolerance_line(table, env, correction))]
     if tolerated:
-        lines += ["", f"the largest K each correction tolerates: its mean final eval, and that of every smaller K, "
-                      f"within {100 * TOLERANCE:g}% of K = 0's:", *tolerated]
+        lines += ["", f"the largest K each correction tolerates, correction by correction: its mean final eval, and "
+                      f"that of every smaller K, within {100 * TOLERANCE:g}% of K = 0's:", *tolerated]
     lines += ["", f"corrections: {', '.join(f'{k} = {v}' for k, v in CORRECTIONS.items() if k in set(table['correction']))}"
               "; decoupled adds ppo.prox_ewma = 1 - 2 / (SGD steps per iteration)",
               f"K = 0 from: {args.k0_from or 'OUT/<env>/' + K0}",
