@@ -5,7 +5,7 @@ fast as the best fixed setting of a grid, chosen after the fact?
 
     python experiments/kl_controller.py                          # both tasks, 3 seeds (hours on 2 cores)
     python experiments/kl_controller.py --tasks pendulum         # one task
-    python experiments/kl_controller.py --quick --out /tmp/klc   # smoke run: tiny budgets, 1 seed (a minute or two)
+    python experiments/kl_controller.py --quick --out /tmp/klc   # smoke run: tiny budgets, 1 seed, the grid's corners
     python experiments/kl_controller.py --summarise-only --out DIR   # summary and figures again from DIR, no training
     python experiments/kl_controller.py --out experiments/results/kl_controller   # publish
     python experiments/kl_controller.py --tasks hopper --jobs 4  # 4 runs at once (latency-bound runs only)
@@ -109,7 +109,7 @@ class Args:
     out: str | None = None
     """Output folder (default runs/experiments/kl_controller, git-ignored)."""
     quick: bool = False
-    """Smoke run: 1 seed, 12 learner iterations a run, 0.2 ms per env step (written to runs/experiments/kl_controller/quick unless --out)."""
+    """Smoke run: 1 seed, 12 learner iterations a run, 0.2 ms per env step, the grid's corners (written to runs/experiments/kl_controller/quick unless --out)."""
     summarise_only: bool = False
     """Write summary.txt and the figures again from OUT's finished runs: no training."""
     controlled_only: bool = False
@@ -121,9 +121,12 @@ class Args:
 
 
 def quick_task(task: Task) -> Task:
-    """`task` at a smoke budget: 12 learner iterations of its batch, 0.2 ms per env step."""
+    """`task` at a smoke budget: 12 learner iterations of its batch, 0.2 ms per env step, the
+    fixed grid's four corners."""
     batch = pa.config_for_env(task.env, {"mode": "threaded"}).batch_size
-    return dataclasses.replace(task, total_env_steps=12 * batch, latency_ms=0.2)
+    corners = lambda values: (values[0], values[-1])  # noqa: E731
+    return dataclasses.replace(task, total_env_steps=12 * batch, latency_ms=0.2, grid_samplers=corners(task.grid_samplers),
+                               grid_buffer_chunks=corners(task.grid_buffer_chunks))
 
 
 def latencies(task: Task, samplers: int) -> tuple[float, ...]:
