@@ -55,7 +55,13 @@ throughput, on the mean `kl_staleness` of the `window` iterations since its last
                                                   waste check above)
     2. when neither can (refresh_lag 1, max_lag at its floor): the learning rate / LR_FACTOR
        (the staleness left is what the updates made while the samples were in flight, which
-       only a smaller update lowers), and the window starts again. Pausing samplers is not a
+       only a smaller update lowers), and the window starts again. It is a trial
+       (`judge_lr_trial`): where the next window's staleness did not fall by more than
+       sqrt(LR_FACTOR) - it is the normalisation statistics drifting over the lag, or the lag
+       in flight, not the updates' drift - the decrease is undone and the learning rate leaves
+       the staleness alone for `history` iterations. Measured (same task, target 0.008): about
+       half the trials failed; without them the rate went to 0.01-0.04x, the staleness hardly
+       moved and learning stalled (final return -306 +- 347 against -203 +- 20 with them). Pausing samplers is not a
        rung: measured (same task), a ladder that paused samplers took a run from 6 to 1 with
        the mean lag at 1.00 all along, and its 300k env steps 17.7 s against 3.8 s for 6
        samplers uncontrolled
