@@ -361,7 +361,15 @@ def tolerance_line(table: pd.DataFrame, env: str, correction: str, within: float
     k0 = float(zero.iloc[0]["eval_mean"])
     floor = k0 - within * abs(k0)
     largest, broken, said = 0, False, []
+    ran = set(cells["K"])
+    for k in sorted(set(part.loc[part["K"] > 0, "K"]) - ran - {k for k, c in zip(part["K"], part["correction"]) if c == EMERGENT}):
+        if k < max(ran):  # a smaller K this correction has not run: nothing past it can be claimed
+            cells = pd.concat([cells, pd.DataFrame([{"K": k, "eval_mean": math.nan, "seeds": 0}])]).sort_values("K")
     for k, value, seeds in zip(cells["K"], cells["eval_mean"], cells["seeds"]):
+        if not seeds:
+            said.append(f"K = {int(k)} not run")
+            broken = True
+            continue
         ok = math.isfinite(value) and value >= floor
         if ok and not broken:
             largest = int(k)

@@ -178,4 +178,7 @@ def test_the_largest_tolerated_k_by_hand():
     assert "K = 4 850 (0.85x, 3 seeds); K = 8 950 (0.95x, 3 seeds)" in line
     assert "tolerates no K tested" in lag_tolerance.tolerance_line(table, HOPPER, "vtrace")
     assert lag_tolerance.tolerance_line(table, HOPPER, "decoupled") is None
+    gap = pd.concat([table, pd.DataFrame([{"env": HOPPER, "correction": "decoupled", "K": 2, "eval_mean": 980.0, "seeds": 3}])])
+    assert lag_tolerance.tolerance_line(gap, HOPPER, "decoupled") == (  # K = 1 not run: K = 2 alone proves nothing
+        f"decoupled on {HOPPER}: tolerates no K tested within 10% of K = 0's 1,000 (K = 1 not run; K = 2 980 (0.98x, 3 seeds))")
     assert lag_tolerance.tolerance_line(table[table.K > 0], HOPPER, "ppo") is None
