@@ -36,9 +36,10 @@ OUT (default runs/experiments/kl_controller, git-ignored) holds per task TASK/ru
 is finished and is skipped when the script runs again; one without is run again from the start,
 since a wall-clock to return must be one process's), TASK/runs.csv, and OUT/summary.txt,
 kl_per_iteration.png (the controlled runs' approx_kl per iteration, its parts, the target and
-the level the controller aims at, target / margin), knobs_over_time.png (active samplers,
-refresh_lag, max_lag, learning-rate scale of the controlled runs), wall_clock_grid.png (median
-seconds to the return over the fixed grid, the controlled runs' beside it) and manifest.json.
+the level the controller aims at, target / margin), knobs_over_time.png (the controlled runs'
+refresh_lag, max_lag and learning-rate scale, and the fraction of the samples a max_lag wasted),
+wall_clock_grid.png (median seconds to the return over the fixed grid, the controlled runs'
+beside it) and manifest.json.
 """
 
 from __future__ import annotations
@@ -343,8 +344,10 @@ def plot_kl(out: str, tasks: dict[str, Task], target: float) -> None:
     figures.save(fig, os.path.join(out, "kl_per_iteration.png"))
 
 
-KNOBS = (("controller_active_samplers", "active samplers", "linear"), ("controller_refresh_lag", "refresh_lag", "linear"),
+KNOBS = (("controller_waste", "wasted since the last knob change", "linear"), ("controller_refresh_lag", "refresh_lag", "linear"),
          ("controller_max_lag", "max_lag (gap: unlimited)", "linear"), ("controller_lr_scale", "learning-rate scale", "log"))
+"""The controlled runs' knobs over time, and the fraction of the samples a max_lag wasted (the controller
+pauses no sampler: the active samplers are the configured ones throughout)."""
 
 
 def plot_knobs(out: str, tasks: dict[str, Task]) -> None:
@@ -355,6 +358,8 @@ def plot_knobs(out: str, tasks: dict[str, Task]) -> None:
         for k, (column, label, scale) in enumerate(KNOBS):
             ax = axes[t * len(KNOBS) + k]
             for df in frames:
+                if column not in df.columns:  # a run from before the column existed
+                    continue
                 ax.step(df.iteration, pd.to_numeric(df[column], errors="coerce"), where="post", linewidth=0.9,
                         label=str(df.seed.iloc[0]))
             ax.set(yscale=scale, xlabel="learner iteration", title=f"{task_name}: {label}")
