@@ -255,6 +255,25 @@ def test_doc_blocks_run(page, tmp_path, page_runner):
         pytest.fail(f"{page}: a block failed ({error})\n--- output ---\n{output[-10000:]}", pytrace=False)
 
 
+def test_the_page_runner_reports_a_failing_page_and_outlives_a_dead_one(tmp_path):
+    """A page that raises fails with its error and output; one that ends the interpreter fails
+    alone: the next page runs in a new one."""
+    pages = {"ok": 'print("hello")', "raises": 'raise ValueError("boom")', "dies": "import os\nos._exit(3)"}
+    for name, code in pages.items():
+        (tmp_path / f"{name}.md").write_text(f"# {name}\n\n```python\n{code}\n```\n", encoding="utf-8")
+    runner = PageRunner()
+    try:
+        said = {name: runner.run(str(tmp_path / f"{name}.md"), str(tmp_path), str(tmp_path / f"{name}.log"))
+                for name in ("ok", "raises", "dies")}
+        assert runner.run(str(tmp_path / "ok.md"), str(tmp_path), str(tmp_path / "again.log")) is None
+    finally:
+        runner.close()
+    assert said == {"ok": None, "raises": "ValueError: boom", "dies": "the page runner ended"}
+    assert (tmp_path / "ok.log").read_text().rstrip().endswith("hello")
+    assert "ValueError: boom" in (tmp_path / "raises.log").read_text()
+    assert (tmp_path / "again.log").read_text().rstrip().endswith("hello")
+
+
 def test_few_blocks_are_skipped():
     """Blocks that do not run say why, and there are few of them."""
     skipped = [b for p in doc_pages() for b in blocks_of(p) if b.skip is not None]
