@@ -303,7 +303,7 @@ class ThreadedConfig:
     learner_devices: tuple[int, ...] = ()
     """Indices into jax.devices() of the data-parallel learner (shard_map over them; one = plain jit); () = auto (device 0, or the second half)."""
     kl_target: float | None = None
-    """Online KL controller (off: None): holds each iteration's approx_kl at or under this target (kl_quantile of the iterations) with two actuators: the number of active samplers (of num_samplers), refresh_lag and lag.max_lag for its staleness part (kl_staleness), the learning rate's scale for its update part (kl_update) (`ppo_async.core.kl_control`; state in the controller_* metrics)."""
+    """Online KL controller (off: None): holds each iteration's approx_kl at or under this target (kl_quantile of the iterations) with two actuators: refresh_lag and lag.max_lag for its staleness part (kl_staleness; a max_lag that wastes over 10% of the samples is loosened), the learning rate's scale for its update part (kl_update, and the staleness where the knobs are at their floor and a smaller step lowers it) (`ppo_async.core.kl_control`; state in the controller_* metrics)."""
     kl_window: int | None = None
     """Learner iterations of kl_staleness the controller averages per lag-knob decision (and waits after each change); None = 8. Needs kl_target."""
     kl_quantile: float | None = None
