@@ -34,7 +34,7 @@ that reached it / all), and mean ± 95% CI of the rest over seeds.
 OUT (default runs/experiments/kl_controller, git-ignored) holds per task TASK/runs/SETTING/seedK/
 (curve.csv.gz: the run's rows, `CURVE_COLUMNS` and whether the iteration measured a KL; row.json: its measurements, written last: a run with a row.json
 is finished and is skipped when the script runs again; one without is run again from the start,
-since a wall-clock to return must be one process's), TASK/runs.csv, and OUT/summary.txt,
+since a wall-clock to return must be one process's), OUT/runs_TASK.csv (a row per run), OUT/summary.txt,
 kl_per_iteration.png (the controlled runs' approx_kl per iteration, its parts, the target and
 the level the controller aims at, target / margin), knobs_over_time.png (the controlled runs'
 refresh_lag, max_lag and learning-rate scale, and the fraction of the samples a max_lag wasted),
@@ -163,7 +163,7 @@ def kl_fractions(df: pd.DataFrame, target: float) -> tuple[float, float]:
 
 
 def measure(df: pd.DataFrame, task: Task, name: str, seed: int, config: pa.Config, target: float) -> dict[str, Any]:
-    """One run's row of runs.csv from its metrics rows."""
+    """One run's row of runs_<task>.csv from its metrics rows."""
     m = analysis.run_measurements(df, warmup_fraction=WARMUP_FRACTION)
     steps, seconds = analysis.first_reach(df, task.threshold)
     within, under = kl_fractions(df, target)
@@ -406,12 +406,14 @@ def tasks_of(args: Args) -> dict[str, Task]:
 
 
 def summarise(out: str, tasks: dict[str, Task], target: float, note: str) -> None:
-    """runs.csv per task, summary.txt and the three figures from OUT's finished runs."""
+    """runs_<task>.csv, summary.txt and the three figures from OUT's finished runs (the run
+    directories under OUT/<task>/runs are git-ignored: what is published sits in OUT itself,
+    beside its manifest)."""
     runs, lines = {}, [f"# KL controller against a fixed grid (target {target:g})", ""]
     for task_name, task in tasks.items():
         runs[task_name] = finished_rows(out, task_name)
         if len(runs[task_name]):
-            runs[task_name].to_csv(os.path.join(out, task_name, "runs.csv"), index=False)
+            runs[task_name].to_csv(os.path.join(out, f"runs_{task_name}.csv"), index=False)
             lines += task_lines(task_name, task, runs[task_name], target)
     write_summary(out, lines + [note])
     plot_kl(out, tasks, target)

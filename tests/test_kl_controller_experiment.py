@@ -61,7 +61,7 @@ def test_the_tiny_version_end_to_end(tmp_path, monkeypatch):
                            "--quick", "--jobs", "2", "--out", out], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     args = script.Args(tasks=("pendulum",), quick=True, out=out)
-    runs = pd.read_csv(os.path.join(out, "pendulum", "runs.csv"))
+    runs = pd.read_csv(os.path.join(out, "runs_pendulum.csv"))
     assert len(runs) == 5 and set(runs.seed) == {0}  # controlled and the grid's four corners
     assert runs.within_1_25_target.between(0, 1).all() and (runs.under_target <= runs.within_1_25_target).all()
     controlled = runs[runs.setting == "controlled"].iloc[0]
@@ -75,7 +75,7 @@ def test_the_tiny_version_end_to_end(tmp_path, monkeypatch):
     text = open(os.path.join(out, "summary.txt"), encoding="utf-8").read()
     assert "| controlled |" in text and "| fixed-s6-b64 |" in text
     manifest = read_manifest(out)
-    assert manifest["completed"] is True and "pendulum/runs.csv" in manifest["files_written"]
+    assert manifest["completed"] is True and "runs_pendulum.csv" in manifest["files_written"]
 
     def no_training(*_args, **_kwargs):
         raise AssertionError("a finished run was trained again")
@@ -87,7 +87,7 @@ def test_the_tiny_version_end_to_end(tmp_path, monkeypatch):
     os.remove(os.path.join(out, "summary.txt"))
     script.main(script.Args(tasks=("pendulum",), quick=True, out=out, summarise_only=True))
     assert os.path.isfile(os.path.join(out, "summary.txt")) and read_manifest(out)["derived_from"]["completed"] is True
-    assert np.isfinite(pd.read_csv(os.path.join(out, "pendulum", "runs.csv")).consumer_steps_per_s).all()
+    assert np.isfinite(pd.read_csv(os.path.join(out, "runs_pendulum.csv")).consumer_steps_per_s).all()
 
 
 def test_jobs_below_one_is_refused_before_any_run(tmp_path):
