@@ -61,10 +61,10 @@ throughput, on the mean `kl_staleness` of the `window` iterations since its last
        in flight, not the updates' drift - the decrease is undone and the learning rate leaves
        the staleness alone for `history` iterations. Measured (same task, target 0.008): about
        half the trials failed; without them the rate went to 0.01-0.04x, the staleness hardly
-       moved and learning stalled (final return -306 +- 347 against -203 +- 20 with them). Pausing samplers is not a
-       rung: measured (same task), a ladder that paused samplers took a run from 6 to 1 with
-       the mean lag at 1.00 all along, and its 300k env steps 17.7 s against 3.8 s for 6
-       samplers uncontrolled
+       moved and learning stalled (final return -306 +- 347 against -203 +- 20 with them).
+       Pausing samplers is not a rung: measured (same task), a ladder that paused samplers
+       took a run from 6 to 1 with the mean lag at 1.00 all along, and its 300k env steps
+       17.7 s against 3.8 s for 6 samplers uncontrolled
   increase (window mean < staleness aim / KNOB_BAND), the same ladder walked back up, one
   step at a time: resume the fastest paused sampler (a state restored from a checkpoint of the
   earlier controller, which paused them), then max_lag + 1 (back to its configured
@@ -315,8 +315,7 @@ def loosen_wasting_cap(limits: ControllerLimits, state: ControllerState) -> tupl
     knobs = replace(state.knobs, max_lag=loosened)
     why = (f"max_lag {cap} wasted {waste:.0%} of the samples (> {WASTE_MAX:.0%}: rollouts span more versions): "
            f"max_lag {cap}->{loosened}, the floor of later decreases")
-    return restart_window(replace(state, knobs=knobs, action=1, adjustments=state.adjustments + 1,
-                                  max_lag_floor=max(state.max_lag_floor, loosened))), why
+    return knobs_moved(replace(state, max_lag_floor=max(state.max_lag_floor, loosened)), knobs, 1), why
 
 
 def judge_lr_trial(limits: ControllerLimits, state: ControllerState, mean: float) -> tuple[ControllerState, str]:
@@ -342,6 +341,13 @@ def judge_lr_trial(limits: ControllerLimits, state: ControllerState, mean: float
     return state, (f"staleness did not fall with the learning rate ({before:.4g} -> {mean:.4g}, not under / "
                    f"{LR_FACTOR ** 0.5:.3g}): lr scale back to {restored:.3g}, and it leaves the staleness alone for "
                    f"{limits.history} iterations; ")
+
+
+def knobs_moved(state: ControllerState, knobs: LagKnobs, action: int) -> ControllerState:
+    """`state` after a knob change: the new knobs, counted, a fresh staleness window, and the
+    learning rate's verdicts on the staleness (a trial, a hold) dropped with the old knobs."""
+    return restart_window(replace(state, knobs=knobs, action=action, adjustments=state.adjustments + 1,
+                                  lr_off_staleness=0, lr_trial=None))
 
 
 def restart_window(state: ControllerState) -> ControllerState:
@@ -390,7 +396,7 @@ def staleness_step(
     state, judged = judge_lr_trial(limits, state, mean)
     loosened = loosen_wasting_cap(limits, state)
     if loosened is not None:
-        return replace(loosened[0], lr_off_staleness=0), judged + loosened[1], False
+        return loosened[0], judged + loosened[1], False
     if mean > aim * KNOB_BAND:
         knobs, action = decrease(state.knobs, state.lag_max, state.max_lag_floor), -1
         compared = f"{mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}"
@@ -403,8 +409,7 @@ def staleness_step(
         edge = "at their floor" if action < 0 else "at their configured values"
         return state, f"{judged}staleness {compared}, knobs {edge}", action < 0
     why = f"{judged}staleness {compared}: {describe_change(state.knobs, knobs)}"
-    return restart_window(replace(state, knobs=knobs, action=action, adjustments=state.adjustments + 1,
-                                  lr_off_staleness=0, lr_trial=None)), why, False
+    return knobs_moved(state, knobs, action), why, False
 
 
 def update_step(
