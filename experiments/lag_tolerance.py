@@ -92,6 +92,9 @@ class Args:
     """Corrections to run (names of CORRECTIONS)."""
     seeds: int = 3
     """Seeds per cell."""
+    top_up_seeds: int = 5
+    """Seeds for the cells a finding hangs on (`hanging_ks`: a cell up to a correction's first K outside the 10%
+    line whose 95% CI holds that line), and for K = 0 run here; 0: none."""
     total_env_steps: int = 1_000_000
     """Env steps per run."""
     suite: str = "mujoco"
@@ -159,10 +162,19 @@ def cells(args: Args) -> list[tuple[str, str, int]]:
     return out
 
 
-def run_cell(args: Args, out: str, env: str, correction: str, k: int) -> None:
-    """One cell: `pa.benchmark` of the barrier mode with the cell's changes into its folder (resumable)."""
-    print(f"== lag_tolerance {env} {cell_name(correction, k)}: {cell_changes(env, correction, k)}", flush=True)
-    pa.benchmark(args.suite, seeds=args.seeds, out=cell_dir(out, env, correction, k), envs=[env],
+def seed_cap(args: Args) -> int:
+    """The most seeds any cell runs (K = 0 run here runs this many): seeds 0 .. cap - 1 are read."""
+    return max(args.seeds, args.top_up_seeds)
+
+
+def run_cell(args: Args, out: str, env: str, correction: str, k: int, seeds: int | None = None) -> None:
+    """One cell: `pa.benchmark` of the barrier mode with the cell's changes into its folder, with
+    `seeds` (default `--seeds`; K = 0 `seed_cap`); resumable, and a cell run before with fewer
+    seeds is extended (its finished runs kept)."""
+    seeds = seeds if seeds is not None else seed_cap(args) if k == 0 else args.seeds
+    print(f"== lag_tolerance {env} {cell_name(correction, k)} x {seeds} seeds: {cell_changes(env, correction, k)}",
+          flush=True)
+    pa.benchmark(args.suite, seeds=seeds, out=cell_dir(out, env, correction, k), envs=[env],
                  total_env_steps=args.total_env_steps, modes=[MODE], eval_every_steps=args.eval_every_steps,
                  eval_episodes=args.eval_episodes, progress=args.progress, changes=cell_changes(env, correction, k))
 
@@ -210,7 +222,7 @@ def k0_source(args: Args, out: str, env: str) -> str:
 # ---------------------------------------------------------------------------- the report (pure but for reads)
 
 
-def final_runs(source: str, env: str, seeds: int, mode: str = MODE) -> pd.DataFrame:
+def final_runs(source: str, env: str, seeds: int, mode: str = MODE) -> pd.DataFrame:  # seeds: `seed_cap`
     """Every evaluation row (results.csv) of the runs of `env` in `mode` in a benchmark output
     whose final row is there (finished), seeds below `seeds`; empty when there are none."""
     df = bm.results_frame(source)
@@ -279,12 +291,14 @@ def cell_row(runs: pd.DataFrame, reference: float, target: float, means: Sequenc
       means: `run_means` of each of its runs.
     """
     finals = runs[runs["final"] == 1].sort_values("seed")
-    scores = bm.normalise(finals["eval_return"].to_numpy(np.float64), reference) if math.isfinite(reference) \
-        else np.full(len(finals), math.nan)
+    returns = finals["eval_return"].to_numpy(np.float64)
+    scores = bm.normalise(returns, reference) if math.isfinite(reference) else np.full(len(finals), math.nan)
     low, high = stats.bootstrap_mean_ci(scores)
+    eval_low, eval_high = stats.bootstrap_mean_ci(returns)
     steps = np.array([steps_to(group, target) for _, group in runs.groupby("seed")], np.float64)
     return {
-        "seeds": len(finals), "eval_mean": stats_mean(finals["eval_return"]), "norm_mean": stats_mean(scores),
+        "seeds": len(finals), "eval_mean": stats_mean(returns), "eval_ci_low": eval_low, "eval_ci_high": eval_high,
+        "norm_mean": stats_mean(scores),
         "norm_ci_low": low, "norm_ci_high": high, "norm_worst": float(np.min(scores)) if len(scores) else math.nan,
         "steps_to_target": stats_mean(steps), "reached": int(np.isfinite(steps).sum()),
         **{name: stats_mean([m[name] for m in means]) for name in METRICS},
@@ -294,13 +308,13 @@ def cell_row(runs: pd.DataFrame, reference: float, target: float, means: Sequenc
 def env_rows(args: Args, out: str, env: str, reference: float) -> list[dict[str, Any]]:
     """The table rows of one env: its K = 0 row, then one per correction and K with finished runs."""
     k0_dir = k0_source(args, out, env)
-    k0 = final_runs(k0_dir, env, args.seeds)
+    k0 = final_runs(k0_dir, env, seed_cap(args))
     k0_mean = stats_mean(k0.loc[k0["final"] == 1, "eval_return"]) if len(k0) else math.nan
     target = fraction_target(k0_mean, args.fraction)
     rows = []
     for correction, k, source in [("-", 0, k0_dir)] + [(c, int(k), cell_dir(out, env, c, k))
                                                         for c in args.corrections for k in args.ks]:
-        runs = k0 if k == 0 else final_runs(source, env, args.seeds)
+        runs = k0 if k == 0 else final_runs(source, env, seed_cap(args))
         if runs.empty:
             continue
         means = seed_means(source, env, MODE, sorted(int(s) for s in set(runs["seed"])))
@@ -359,7 +373,7 @@ def tolerance_line(table: pd.DataFrame, env: str, correction: str, within: float
     if zero.empty or cells.empty or not math.isfinite(float(zero.iloc[0]["eval_mean"])):
         return None
     k0 = float(zero.iloc[0]["eval_mean"])
-    floor = k0 - within * abs(k0)
+    floor = tolerance_floor(k0, within)
     largest, broken, said = 0, False, []
     ran = set(cells["K"])
     for k in sorted(set(part.loc[part["K"] > 0, "K"]) - ran - {k for k, c in zip(part["K"], part["correction"]) if c == EMERGENT}):
@@ -381,6 +395,44 @@ def tolerance_line(table: pd.DataFrame, env: str, correction: str, within: float
             f"({'; '.join(said)})")
 
 
+def tolerance_floor(k0: float, within: float = TOLERANCE) -> float:
+    """The lowest mean final eval return within `within` of K = 0's mean `k0` (pure)."""
+    return k0 - within * abs(k0)
+
+
+def hanging_ks(table: pd.DataFrame, env: str, correction: str, seeds: int, within: float = TOLERANCE) -> list[int]:
+    """The K of `correction`'s cells on `env` that its finding hangs on and that hold fewer than
+    `seeds` seeds (pure): walking K up, each cell up to and including the first whose mean final
+    eval falls below the tolerance line (`tolerance_floor` of K = 0's mean), whose 95% bootstrap
+    CI of the mean eval return holds that line - more seeds there can move the largest tolerated K
+    (issue 41: "5 seeds where two cells' CIs overlap and the conclusion hangs on it")."""
+    part = table[table["env"] == env]
+    zero = part[part["K"] == 0]
+    if zero.empty or not math.isfinite(float(zero.iloc[0]["eval_mean"])):
+        return []
+    floor = tolerance_floor(float(zero.iloc[0]["eval_mean"]), within)
+    hanging = []
+    for row in part[part["correction"] == correction].sort_values("K").itertuples():
+        if row.eval_ci_low <= floor <= row.eval_ci_high and row.seeds < seeds:
+            hanging.append(int(row.K))
+        if not row.eval_mean >= floor:
+            break
+    return hanging
+
+
+def top_up(args: Args, out: str) -> None:
+    """Runs the cells the findings hang on (`hanging_ks`) to `--top-up-seeds` seeds, round after
+    round: a cell's new seeds can move a correction's first K outside the line up to the next one."""
+    for _ in range(len(args.ks) + 1):
+        table = summarise(args, out)
+        todo = [(env, correction, k) for env in args.envs for correction in args.corrections
+                for k in (hanging_ks(table, env, correction, args.top_up_seeds) if len(table) else ())]
+        if not todo:
+            return
+        for env, correction, k in todo:
+            run_cell(args, out, env, correction, k, seeds=args.top_up_seeds)
+
+
 def lag_table(args: Args, out: str) -> pd.DataFrame:
     """Every env's rows (`env_rows`), references from the benchmark's references.json."""
     references = bm.normalising_references(bm.load_references())
@@ -388,7 +440,7 @@ def lag_table(args: Args, out: str) -> pd.DataFrame:
     for env in args.envs:
         part = env_rows(args, out, env, references.get(env, math.nan))
         if args.emergent_from is not None and part:
-            row = emergent_row(args.emergent_from, env, args.seeds, references.get(env, math.nan), part[0]["target"])
+            row = emergent_row(args.emergent_from, env, seed_cap(args), references.get(env, math.nan), part[0]["target"])
             part += [row] if row is not None else []
         rows += part
     return pd.DataFrame(rows)
@@ -459,6 +511,10 @@ def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
         "versions old), one line per correction; K = 0 = the benchmark's barrier runs",
         "norm = final deterministic evaluation normalised by the env's reference (1 + (score - ref) / |ref|), mean over "
         "seeds (95% bootstrap CI), worst = the lowest seed;",
+        f"seeds = {args.seeds} per cell" + (f", {seed_cap(args)} for K = 0 and for the cells a finding below hangs on "
+                                            f"(walking K up to a correction's first K under the {100 * TOLERANCE:g}% "
+                                            "line, those whose 95% CI of the mean eval holds the line);"
+                                            if args.top_up_seeds else ";"),
         f"steps to target = mean env steps to the first evaluation >= {args.fraction:g} x K = 0's mean final return "
         "(seeds reaching it / seeds; '-' for a non-positive return);",
         "approx_kl (KL to the behaviour policy; 0.01 watch, 0.03 lag is hurting), kl_staleness (its part from the lag "
@@ -505,6 +561,10 @@ def check_args(args: Args) -> None:
         raise SystemExit(f"error: --corrections: {unknown[0]!r} is not a correction ({', '.join(CORRECTIONS)})")
     if not args.ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in args.ks):
         raise SystemExit(f"error: --ks {list(args.ks)}: lags must be integers >= 1 (K = 0 is the barrier runs)")
+    if isinstance(args.top_up_seeds, bool) or not isinstance(args.top_up_seeds, int) or args.top_up_seeds < 0 \
+            or 0 < args.top_up_seeds <= args.seeds:
+        raise SystemExit(f"error: --top-up-seeds {args.top_up_seeds!r}: must exceed --seeds {args.seeds} (the seeds of "
+                         "the cells a finding hangs on), or 0 for none")
     if not 0.0 < args.fraction <= 1.0:
         raise SystemExit(f"error: --fraction {args.fraction}: must lie in (0, 1]")
     if args.emergent_from is not None and not os.path.isfile(os.path.join(args.emergent_from, bm.RESULTS_FILE)):
@@ -522,6 +582,9 @@ def main(args: Args) -> pd.DataFrame:
         for env, correction, k in ([] if args.summarise_only else cells(args)):
             run_cell(args, out, env, correction, k)
             table = summarise(args, out)  # the table so far: a long grid shows what it has
+        if not args.summarise_only and args.top_up_seeds:
+            top_up(args, out)
+            table = None
         return summarise(args, out) if table is None else table
 
 

@@ -71,13 +71,15 @@ def test_cell_numbers_hand_computed():
 def test_bad_options_are_one_line_errors():
     for args, match in ((lag_tolerance.Args(corrections=("nope",)), "--corrections"),
                         (lag_tolerance.Args(ks=(0, 2)), "--ks"), (lag_tolerance.Args(fraction=1.5), "--fraction"),
-                        (lag_tolerance.Args(emergent_from="/nonexistent"), "--emergent-from")):
+                        (lag_tolerance.Args(emergent_from="/nonexistent"), "--emergent-from"),
+                        (lag_tolerance.Args(seeds=5, top_up_seeds=5), "--top-up-seeds 5: must exceed --seeds 5"),
+                        (lag_tolerance.Args(top_up_seeds=-1), "--top-up-seeds")):
         with pytest.raises(SystemExit, match=match):
             lag_tolerance.check_args(args)
 
 
 TINY = dict(suite="classic", envs=("Pendulum-v1",), total_env_steps=2048, seeds=1, ks=(1,),
-            corrections=("ppo", "decoupled"), eval_every_steps=1024, eval_episodes=2, progress=False)
+            corrections=("ppo", "decoupled"), eval_every_steps=1024, eval_episodes=2, progress=False, top_up_seeds=0)
 
 
 def test_the_script_end_to_end_on_a_tiny_budget(tmp_path, monkeypatch):
@@ -182,3 +184,48 @@ def test_the_largest_tolerated_k_by_hand():
     assert lag_tolerance.tolerance_line(gap, HOPPER, "decoupled") == (  # K = 1 not run: K = 2 alone proves nothing
         f"decoupled on {HOPPER}: tolerates no K tested within 10% of K = 0's 1,000 (K = 1 not run; K = 2 980 (0.98x, 3 seeds))")
     assert lag_tolerance.tolerance_line(table[table.K > 0], HOPPER, "ppo") is None
+
+
+def test_the_cells_a_finding_hangs_on_by_hand():
+    """Walking K up to the first cell under the 10% line (900 for K = 0's 1,000): the cells whose
+    95% CI of the mean eval holds 900 and that have fewer seeds than asked."""
+    rows = [("-", 0, 1000.0, 990.0, 1010.0, 5), ("ppo", 1, 1050.0, 1000.0, 1100.0, 3), ("ppo", 2, 920.0, 850.0, 990.0, 3),
+            ("ppo", 4, 880.0, 700.0, 950.0, 3), ("ppo", 8, 700.0, 600.0, 910.0, 3),
+            ("vtrace", 1, 800.0, 700.0, 850.0, 3), ("vtrace", 2, 910.0, 850.0, 950.0, 3),
+            ("dual-clip", 1, 950.0, 880.0, 990.0, 5), ("dual-clip", 2, 890.0, 850.0, 950.0, 3)]
+    table = pd.DataFrame([{"env": HOPPER, "correction": c, "K": k, "eval_mean": m, "eval_ci_low": lo,
+                           "eval_ci_high": hi, "seeds": n} for c, k, m, lo, hi, n in rows])
+    assert lag_tolerance.hanging_ks(table, HOPPER, "ppo", 5) == [2, 4]  # K = 8 lies past the first K under the line
+    assert lag_tolerance.hanging_ks(table, HOPPER, "vtrace", 5) == []  # K = 1 is under it, its CI clear of the line
+    assert lag_tolerance.hanging_ks(table, HOPPER, "dual-clip", 5) == [2]  # K = 1 holds the line but has its 5 seeds
+    assert lag_tolerance.hanging_ks(table, HOPPER, "decoupled", 5) == []
+    assert lag_tolerance.hanging_ks(table[table.K > 0], HOPPER, "ppo", 5) == []  # no K = 0: no line
+
+
+def test_top_up_runs_the_hanging_cells_round_after_round(tmp_path, monkeypatch):
+    """`top_up`: the hanging cells to --top-up-seeds, again while new seeds move the first K under
+    the line; K = 0 run here takes as many seeds as the topped-up cells."""
+    state = {("ppo", 1): (950.0, 880.0, 990.0, 3), ("ppo", 2): (850.0, 700.0, 920.0, 3), ("ppo", 4): (500.0, 400.0, 600.0, 3)}
+    ran = []
+
+    def table(args, out):
+        rows = [("-", 0, 1000.0, 990.0, 1010.0, 5)] + [(c, k, *v) for (c, k), v in state.items()]
+        return pd.DataFrame([{"env": HOPPER, "correction": c, "K": k, "eval_mean": m, "eval_ci_low": lo,
+                              "eval_ci_high": hi, "seeds": n} for c, k, m, lo, hi, n in rows])
+
+    def run_cell(args, out, env, correction, k, seeds=None):
+        ran.append((correction, k, seeds))
+        if (correction, k) == ("ppo", 2):  # its new seeds lift it over the line: K = 4 now decides, and hangs
+            state[("ppo", 4)] = (850.0, 700.0, 950.0, 3)
+        state[(correction, k)] = (960.0, 920.0, 990.0, seeds) if k == 2 else (*state[(correction, k)][:3], seeds)
+
+    monkeypatch.setattr(lag_tolerance, "summarise", table)
+    monkeypatch.setattr(lag_tolerance, "run_cell", run_cell)
+    lag_tolerance.top_up(lag_tolerance.Args(envs=(HOPPER,), corrections=("ppo",), seeds=3, top_up_seeds=5), str(tmp_path))
+    assert ran == [("ppo", 1, 5), ("ppo", 2, 5), ("ppo", 4, 5)]
+    monkeypatch.undo()
+    calls, args = [], lag_tolerance.Args(envs=(HOPPER,), seeds=3, top_up_seeds=5)
+    monkeypatch.setattr(lag_tolerance.pa, "benchmark", lambda *a, **k: calls.append(k["seeds"]))
+    lag_tolerance.run_cell(args, str(tmp_path), HOPPER, "-", 0)
+    lag_tolerance.run_cell(args, str(tmp_path), HOPPER, "ppo", 2)
+    assert calls == [5, 3]
