@@ -440,7 +440,11 @@ def lag_table(args: Args, out: str) -> pd.DataFrame:
     for env in args.envs:
         part = env_rows(args, out, env, references.get(env, math.nan))
         if args.emergent_from is not None and part:
-            row = emergent_row(args.emergent_from, env, seed_cap(args), references.get(env, math.nan), part[0]["target"])
+            reference, target = references.get(env, math.nan), part[0]["target"]
+            row = emergent_row(args.emergent_from, env, seed_cap(args), reference, target)
+            fixed = [r for r in part if row is not None and r["correction"] == "ppo" and r["K"] == max(1, round(row["K"]))]
+            if fixed and fixed[0]["seeds"] < row["seeds"]:  # compared on the seeds the fixed cell has
+                row = emergent_row(args.emergent_from, env, fixed[0]["seeds"], reference, target)
             part += [row] if row is not None else []
         rows += part
     return pd.DataFrame(rows)
