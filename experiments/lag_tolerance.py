@@ -1,11 +1,12 @@
 """How much policy lag does each off-policy correction tolerate on MuJoCo? (issue 41 item 2)
 
-    python experiments/lag_tolerance.py                                   # Hopper + Walker2d, 3 seeds, 1M, K in 1 2 4 8
-    python experiments/lag_tolerance.py --envs gymnasium/HalfCheetah-v5   # another env (it resumes, skipping finished runs)
+    python experiments/lag_tolerance.py                                   # Hopper, Walker2d, HalfCheetah; 3 seeds, 1M, K in 1 2 4 8
+    python experiments/lag_tolerance.py --envs gymnasium/Hopper-v5        # one env (it resumes, skipping finished runs)
     python experiments/lag_tolerance.py --summarise-only --out DIR        # the tables and figures again from DIR
     python experiments/lag_tolerance.py --out experiments/results/lag_tolerance   # publish
     python experiments/lag_tolerance.py --suite classic --envs Pendulum-v1 --total-env-steps 4096 --seeds 1 \\
-        --ks 1 2 --corrections ppo decoupled --eval-every-steps 2048 --eval-episodes 2 --out /tmp/lt   # a smoke test
+        --ks 1 2 --corrections ppo decoupled --eval-every-steps 2048 --eval-episodes 2 --k0-from None \\
+        --emergent-from None --top-up-seeds 0 --out /tmp/lt   # a smoke test
 
 Every cell is the benchmark's barrier mode (one sampler, `threaded.barrier`) run with a fixed lag
 schedule, `lag.K` = K: each learner batch is made by the policy (params and normalisation
@@ -66,6 +67,7 @@ from ppo_async.study.manifest import Manifest, default_out, write_summary
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 MODE = "barrier"  # the benchmark mode every cell runs (one sampler, scheduled lag)
+BENCHMARK = os.path.join("experiments", "results", "benchmark")  # the committed mujoco benchmark (K = 0, emergent lag)
 K0 = "barrier-K0"  # the K = 0 cell: the benchmark's barrier runs, unchanged
 EMERGENT = "emergent"  # the table's row of the default async mode's runs (--emergent-from)
 METRICS = ("approx_kl", "kl_staleness", "clip_fraction", "ess_fraction", "entropy_end")
@@ -84,8 +86,8 @@ CORRECTIONS: dict[str, dict[str, Any]] = {
 
 @dataclasses.dataclass
 class Args:
-    envs: tuple[str, ...] = ("gymnasium/Hopper-v5", "gymnasium/Walker2d-v5")
-    """Envs of the suite (HalfCheetah-v5 is optional)."""
+    envs: tuple[str, ...] = ("gymnasium/Hopper-v5", "gymnasium/Walker2d-v5", "gymnasium/HalfCheetah-v5")
+    """Envs of the suite."""
     ks: tuple[int, ...] = (1, 2, 4, 8)
     """Fixed lags K > 0 (K = 0 is the barrier runs)."""
     corrections: tuple[str, ...] = tuple(CORRECTIONS)
@@ -105,10 +107,11 @@ class Args:
     """Episodes per evaluation (deterministic policy)."""
     fraction: float = 0.8
     """'Env steps to this fraction of K = 0's mean final return' (envs with a positive return)."""
-    k0_from: str | None = None
-    """A benchmark output whose barrier runs are K = 0 (read only; its barrier config must be this one's)."""
-    emergent_from: str | None = None
-    """A benchmark output holding the default async mode's runs (lag from timing, not a schedule): placed on the table and figures at their mean lag, beside the fixed-K cell of that lag (read only; issue 41 item 3)."""
+    k0_from: str | None = BENCHMARK
+    """A benchmark output whose barrier runs are K = 0 (read only; its barrier config must be this one's; a relative
+    path not found from here is read from the repository); None: run K = 0 here, into OUT/<env>/barrier-K0."""
+    emergent_from: str | None = BENCHMARK
+    """A benchmark output (None: none; a relative path as for --k0-from) holding the default async mode's runs (lag from timing, not a schedule): placed on the table and figures at their mean lag, beside the fixed-K cell of that lag (read only; issue 41 item 3)."""
     out: str | None = None
     """Output folder (default runs/experiments/lag_tolerance; publish with --out experiments/results/lag_tolerance)."""
     summarise_only: bool = False
@@ -541,8 +544,8 @@ def summary_lines(table: pd.DataFrame, args: Args) -> list[str]:
                  f"{args.emergent_from}, K = their mean lag; against the fixed-K cell of that lag:"]
                 + [line for env in dict.fromkeys(table["env"]) if (line := emergent_match(table, env))]
                 if args.emergent_from is not None else []),
-              "command: python experiments/lag_tolerance.py --out experiments/results/lag_tolerance (the whole grid; it "
-              "resumes, skipping finished runs)",
+              "command: python experiments/lag_tolerance.py --out experiments/results/lag_tolerance (the whole grid, K = 0 "
+              f"and the emergent lag from {BENCHMARK}; it resumes, skipping finished runs)",
               f"(this summary written by: python experiments/lag_tolerance.py {' '.join(sys.argv[1:])})"]
     return lines
 
@@ -571,11 +574,17 @@ def check_args(args: Args) -> None:
                          "the cells a finding hangs on), or 0 for none")
     if not 0.0 < args.fraction <= 1.0:
         raise SystemExit(f"error: --fraction {args.fraction}: must lie in (0, 1]")
-    if args.emergent_from is not None and not os.path.isfile(os.path.join(args.emergent_from, bm.RESULTS_FILE)):
+    if args.emergent_from is not None and not os.path.isfile(os.path.join(in_repo(args.emergent_from), bm.RESULTS_FILE)):
         raise SystemExit(f"error: --emergent-from {args.emergent_from!r}: no {bm.RESULTS_FILE} (not a benchmark output)")
 
 
+def in_repo(path: str | None) -> str | None:
+    """`path` as given where it exists from here (or is absolute, or None), else under the repository."""
+    return path if path is None or os.path.isabs(path) or os.path.exists(path) else os.path.join(REPO, path)
+
+
 def main(args: Args) -> pd.DataFrame:
+    args = dataclasses.replace(args, k0_from=in_repo(args.k0_from), emergent_from=in_repo(args.emergent_from))
     check_args(args)
     out = args.out or default_out("lag_tolerance", REPO)
     if args.k0_from is not None:

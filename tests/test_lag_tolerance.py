@@ -79,7 +79,8 @@ def test_bad_options_are_one_line_errors():
 
 
 TINY = dict(suite="classic", envs=("Pendulum-v1",), total_env_steps=2048, seeds=1, ks=(1,),
-            corrections=("ppo", "decoupled"), eval_every_steps=1024, eval_episodes=2, progress=False, top_up_seeds=0)
+            corrections=("ppo", "decoupled"), eval_every_steps=1024, eval_episodes=2, progress=False, top_up_seeds=0,
+            k0_from=None, emergent_from=None)
 
 
 def test_the_script_end_to_end_on_a_tiny_budget(tmp_path, monkeypatch):
@@ -109,7 +110,7 @@ def test_the_script_end_to_end_on_a_tiny_budget(tmp_path, monkeypatch):
     # K = 0 read from another benchmark output with the same barrier config (read only)
     k0 = os.path.join(out, "Pendulum-v1", "barrier-K0")
     other = str(tmp_path / "other")
-    reused = lag_tolerance.main(lag_tolerance.Args(**TINY, out=other, k0_from=k0, summarise_only=True))
+    reused = lag_tolerance.main(lag_tolerance.Args(**{**TINY, "k0_from": k0}, out=other, summarise_only=True))
     assert [(r.correction, r.K) for r in reused.itertuples()] == [("-", 0)]  # no cell of its own yet
     assert reused["eval_mean"].item() == table.loc[table.K == 0, "eval_mean"].item()
     assert not os.path.exists(os.path.join(other, "Pendulum-v1", "barrier-K0"))  # read there, not run here
@@ -120,9 +121,9 @@ def test_the_script_end_to_end_on_a_tiny_budget(tmp_path, monkeypatch):
     recorded["threaded"]["num_samplers"], recorded["num_samplers"] = recorded.pop("num_samplers"), None
     with open(spec_path, "w", encoding="utf-8") as f:
         json.dump(spec, f)
-    lag_tolerance.check_k0_source(lag_tolerance.Args(**TINY, out=other, k0_from=k0), "Pendulum-v1")  # the same K = 0
+    lag_tolerance.check_k0_source(lag_tolerance.Args(**{**TINY, "k0_from": k0}, out=other), "Pendulum-v1")  # the same K = 0
     with pytest.raises(SystemExit, match="differ from this call's K = 0 in eval_episodes"):
-        lag_tolerance.main(lag_tolerance.Args(**{**TINY, "eval_episodes": 3}, out=other, k0_from=k0))
+        lag_tolerance.main(lag_tolerance.Args(**{**TINY, "eval_episodes": 3, "k0_from": k0}, out=other))
     assert np.isfinite(table["norm_mean"]).all()  # Pendulum-v1 has a normalising reference
 
 
@@ -229,3 +230,16 @@ def test_top_up_runs_the_hanging_cells_round_after_round(tmp_path, monkeypatch):
     lag_tolerance.run_cell(args, str(tmp_path), HOPPER, "-", 0)
     lag_tolerance.run_cell(args, str(tmp_path), HOPPER, "ppo", 2)
     assert calls == [5, 3]
+
+
+def test_the_defaults_read_k0_and_the_emergent_lag_from_the_committed_benchmark():
+    """`python experiments/lag_tolerance.py --out experiments/results/lag_tolerance` reproduces the
+    published table: K = 0 and the emergent lag are the committed mujoco benchmark's runs, whose
+    barrier config is each env's K = 0 today (a preset change that breaks this is caught here)."""
+    args = lag_tolerance.Args()
+    assert args.k0_from == args.emergent_from == os.path.join("experiments", "results", "benchmark")
+    assert set(args.envs) == {HOPPER, "gymnasium/Walker2d-v5", "gymnasium/HalfCheetah-v5"}
+    resolved = lag_tolerance.in_repo(args.k0_from)
+    assert os.path.isfile(os.path.join(resolved, bm.RESULTS_FILE))
+    for env in args.envs:
+        lag_tolerance.check_k0_source(lag_tolerance.Args(k0_from=resolved), env)
