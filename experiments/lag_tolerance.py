@@ -118,6 +118,9 @@ class Args:
     """Only write table.csv, summary.txt and the figures again from OUT."""
     progress: bool = True
     """A line per run and each run's progress bar."""
+    jobs: int = 1
+    """A cell's runs trained at once, each in its own process (`pa.benchmark`'s jobs): the table reads returns
+    per env step, which do not depend on the load, so 2 on 2 cores halve a top-up's time."""
 
 
 # ---------------------------------------------------------------------------- cells
@@ -179,7 +182,8 @@ def run_cell(args: Args, out: str, env: str, correction: str, k: int, seeds: int
           flush=True)
     pa.benchmark(args.suite, seeds=seeds, out=cell_dir(out, env, correction, k), envs=[env],
                  total_env_steps=args.total_env_steps, modes=[MODE], eval_every_steps=args.eval_every_steps,
-                 eval_episodes=args.eval_episodes, progress=args.progress, changes=cell_changes(env, correction, k))
+                 eval_episodes=args.eval_episodes, progress=args.progress, changes=cell_changes(env, correction, k),
+                 jobs=args.jobs)
 
 
 # ---------------------------------------------------------------------------- K = 0 from a benchmark
@@ -572,6 +576,8 @@ def check_args(args: Args) -> None:
             or 0 < args.top_up_seeds <= args.seeds:
         raise SystemExit(f"error: --top-up-seeds {args.top_up_seeds!r}: must exceed --seeds {args.seeds} (the seeds of "
                          "the cells a finding hangs on), or 0 for none")
+    if isinstance(args.jobs, bool) or not isinstance(args.jobs, int) or args.jobs < 1:
+        raise SystemExit(f"error: --jobs {args.jobs!r}: must be an integer >= 1 (a cell's runs trained at once)")
     if not 0.0 < args.fraction <= 1.0:
         raise SystemExit(f"error: --fraction {args.fraction}: must lie in (0, 1]")
     if args.emergent_from is not None and not os.path.isfile(os.path.join(in_repo(args.emergent_from), bm.RESULTS_FILE)):

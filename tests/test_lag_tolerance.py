@@ -5,6 +5,7 @@ benchmark output."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -73,7 +74,7 @@ def test_bad_options_are_one_line_errors():
                         (lag_tolerance.Args(ks=(0, 2)), "--ks"), (lag_tolerance.Args(fraction=1.5), "--fraction"),
                         (lag_tolerance.Args(emergent_from="/nonexistent"), "--emergent-from"),
                         (lag_tolerance.Args(seeds=5, top_up_seeds=5), "--top-up-seeds 5: must exceed --seeds 5"),
-                        (lag_tolerance.Args(top_up_seeds=-1), "--top-up-seeds")):
+                        (lag_tolerance.Args(top_up_seeds=-1), "--top-up-seeds"), (lag_tolerance.Args(jobs=0), "--jobs")):
         with pytest.raises(SystemExit, match=match):
             lag_tolerance.check_args(args)
 
@@ -226,10 +227,11 @@ def test_top_up_runs_the_hanging_cells_round_after_round(tmp_path, monkeypatch):
     assert ran == [("ppo", 1, 5), ("ppo", 2, 5), ("ppo", 4, 5)]
     monkeypatch.undo()
     calls, args = [], lag_tolerance.Args(envs=(HOPPER,), seeds=3, top_up_seeds=5)
-    monkeypatch.setattr(lag_tolerance.pa, "benchmark", lambda *a, **k: calls.append(k["seeds"]))
+    monkeypatch.setattr(lag_tolerance.pa, "benchmark", lambda *a, **k: calls.append((k["seeds"], k["jobs"])))
     lag_tolerance.run_cell(args, str(tmp_path), HOPPER, "-", 0)
     lag_tolerance.run_cell(args, str(tmp_path), HOPPER, "ppo", 2)
-    assert calls == [5, 3]
+    lag_tolerance.run_cell(dataclasses.replace(args, jobs=2), str(tmp_path), HOPPER, "ppo", 2, seeds=5)
+    assert calls == [(5, 1), (3, 1), (5, 2)]
 
 
 def test_the_defaults_read_k0_and_the_emergent_lag_from_the_committed_benchmark():
