@@ -266,6 +266,29 @@ def seed_means(source: str, env: str, mode: str, seeds: Sequence[int]) -> list[d
     return means
 
 
+RUN_MEANS_FILE = "run_means.csv"  # a cell's per-seed `run_means`, committed (its run directories are not)
+
+
+def kept_means(cell: str, env: str, seeds: Sequence[int]) -> list[dict[str, float]]:
+    """`run_means` of each seed of a cell, kept in CELL/run_means.csv: a seed whose run directory
+    is here is read from it (and the file updated), one whose directory is not (a fresh checkout:
+    run directories are not committed) from the file - so the published table's clip and ESS
+    columns come back from the committed results alone."""
+    path = os.path.join(cell, RUN_MEANS_FILE)
+    kept = pd.read_csv(path).set_index("seed") if os.path.isfile(path) else pd.DataFrame()
+    means = []
+    for seed in seeds:
+        m = run_means(cell, env, seed)
+        if not any(math.isfinite(v) for v in m.values()) and seed in kept.index:
+            m = {name: float(kept.loc[seed, name]) for name in METRICS}
+        means.append(m)
+    rows = {int(seed): {name: float(kept.loc[seed, name]) for name in METRICS} for seed in kept.index}
+    rows.update({int(seed): m for seed, m in zip(seeds, means) if any(math.isfinite(v) for v in m.values())})
+    if rows:
+        pd.DataFrame([{"seed": seed, **rows[seed]} for seed in sorted(rows)]).to_csv(path, index=False)
+    return means
+
+
 def stats_mean(values: Sequence[Any]) -> float:
     """The mean of the finite numbers among `values`; NaN when there are none (pure)."""
     x = stats.finite(pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce").to_numpy(np.float64))
@@ -324,7 +347,8 @@ def env_rows(args: Args, out: str, env: str, reference: float) -> list[dict[str,
         runs = k0 if k == 0 else final_runs(source, env, seed_cap(args))
         if runs.empty:
             continue
-        means = seed_means(source, env, MODE, sorted(int(s) for s in set(runs["seed"])))
+        seeds = sorted(int(s) for s in set(runs["seed"]))
+        means = seed_means(source, env, MODE, seeds) if k == 0 else kept_means(source, env, seeds)
         rows.append({"env": env, "correction": correction, "K": k, "target": target,
                      **cell_row(runs, reference, target, means)})
     return rows

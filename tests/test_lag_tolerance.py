@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -108,6 +109,13 @@ def test_the_script_end_to_end_on_a_tiny_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "train_run", lambda *a, **k: pytest.fail("a finished run was trained again"))
     again = lag_tolerance.main(lag_tolerance.Args(**TINY, out=out))
     pd.testing.assert_frame_equal(again, table)
+    # a fresh checkout (no run directories: they are git-ignored) gives the cells the same numbers,
+    # from each cell's committed run_means.csv
+    for cell in ("ppo-K1", "decoupled-K1"):
+        shutil.rmtree(os.path.join(out, "Pendulum-v1", cell, "runs"))
+    fresh = lag_tolerance.main(lag_tolerance.Args(**TINY, out=out, summarise_only=True))
+    pd.testing.assert_frame_equal(fresh[fresh.K > 0], table[table.K > 0])
+    assert fresh[fresh.K > 0]["clip_fraction"].notna().all()
     # K = 0 read from another benchmark output with the same barrier config (read only)
     k0 = os.path.join(out, "Pendulum-v1", "barrier-K0")
     other = str(tmp_path / "other")
