@@ -173,11 +173,22 @@ def seed_cap(args: Args) -> int:
     return max(args.seeds, args.top_up_seeds)
 
 
+def recorded_seeds(cell: str) -> int:
+    """The seeds a cell's benchmark.json records (0 for a cell not run yet)."""
+    path = os.path.join(cell, bm.SPEC_FILE)
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        return int(json.load(f).get("seeds", 0))
+
+
 def run_cell(args: Args, out: str, env: str, correction: str, k: int, seeds: int | None = None) -> None:
     """One cell: `pa.benchmark` of the barrier mode with the cell's changes into its folder, with
-    `seeds` (default `--seeds`; K = 0 `seed_cap`); resumable, and a cell run before with fewer
-    seeds is extended (its finished runs kept)."""
-    seeds = seeds if seeds is not None else seed_cap(args) if k == 0 else args.seeds
+    `seeds` (default `--seeds`; K = 0 `seed_cap`), or the seeds it was run with before where more
+    (a topped-up cell); resumable, and a cell run before with fewer seeds is extended (its
+    finished runs kept)."""
+    seeds = max(seeds if seeds is not None else seed_cap(args) if k == 0 else args.seeds,
+                recorded_seeds(cell_dir(out, env, correction, k)))
     print(f"== lag_tolerance {env} {cell_name(correction, k)} x {seeds} seeds: {cell_changes(env, correction, k)}",
           flush=True)
     pa.benchmark(args.suite, seeds=seeds, out=cell_dir(out, env, correction, k), envs=[env],

@@ -239,7 +239,12 @@ def test_top_up_runs_the_hanging_cells_round_after_round(tmp_path, monkeypatch):
     lag_tolerance.run_cell(args, str(tmp_path), HOPPER, "-", 0)
     lag_tolerance.run_cell(args, str(tmp_path), HOPPER, "ppo", 2)
     lag_tolerance.run_cell(dataclasses.replace(args, jobs=2), str(tmp_path), HOPPER, "ppo", 2, seeds=5)
-    assert calls == [(5, 1), (3, 1), (5, 2)]
+    cell = lag_tolerance.cell_dir(str(tmp_path), HOPPER, "ppo", 4)  # topped up before: the grid's pass keeps its 5
+    os.makedirs(cell)
+    with open(os.path.join(cell, bm.SPEC_FILE), "w", encoding="utf-8") as f:
+        json.dump({"seeds": 5}, f)
+    lag_tolerance.run_cell(args, str(tmp_path), HOPPER, "ppo", 4)
+    assert calls == [(5, 1), (3, 1), (5, 2), (5, 1)]
 
 
 def test_the_defaults_read_k0_and_the_emergent_lag_from_the_committed_benchmark():
