@@ -518,9 +518,14 @@ def plot_env(table: pd.DataFrame, env: str, path: str) -> None:
                         color="black", linestyle="none", label=f"{bm.DEFAULT_ASYNC_MODE}: emergent lag (mean {e['K']:.2f})")
         kl_ax.plot([e["K"]], [e["approx_kl"]], marker="*", markersize=12, color="black", linestyle="none")
     ret_ax.set(xlabel="lag K (versions)", ylabel="final eval, normalised (1 = reference; 95% CI)", title=env)
-    kl_ax.set(xlabel="lag K (versions)", ylabel="mean KL to the behaviour policy (solid: approx_kl; dashed: staleness)",
-              title=f"{env}: KL vs K")
+    kl_ax.set(xlabel="lag K (versions)", ylabel="mean KL to the behaviour policy",
+              title=f"{env}: KL vs K\n(solid: approx_kl, dashed: staleness)")
     figures.kl_guides(kl_ax)
+    kls = part[["approx_kl", "kl_staleness"]].to_numpy(float).ravel()
+    kls = kls[np.isfinite(kls) & (kls > 0)]
+    if len(kls):  # on a log scale: decoupled PPO's KL reaches ~1-4 at K = 8, the guides sit at 0.01 and 0.03
+        kl_ax.set_yscale("log")
+        kl_ax.set_ylim(min(kls.min(), figures.KL_WATCH) / 2, max(kls.max(), figures.KL_HURTING) * 2)
     ks = sorted(int(k) for k in part.loc[part["correction"] != EMERGENT, "K"].unique())
     for ax in (ret_ax, kl_ax):
         ax.set_xscale("symlog", linthresh=1)  # K = 0, 1, 2, 4, 8 evenly spaced from 1 on
