@@ -287,14 +287,15 @@ def kept_means(cell: str, env: str, seeds: Sequence[int]) -> list[dict[str, floa
     columns come back from the committed results alone."""
     path = os.path.join(cell, RUN_MEANS_FILE)
     kept = pd.read_csv(path).set_index("seed") if os.path.isfile(path) else pd.DataFrame()
+    rows = {int(seed): {name: float(kept.loc[seed, name]) for name in METRICS} for seed in kept.index}
     means = []
     for seed in seeds:
         m = run_means(cell, env, seed)
-        if not any(math.isfinite(v) for v in m.values()) and seed in kept.index:
-            m = {name: float(kept.loc[seed, name]) for name in METRICS}
+        if any(math.isfinite(v) for v in m.values()):
+            rows[int(seed)] = m
+        else:
+            m = rows.get(int(seed), m)
         means.append(m)
-    rows = {int(seed): {name: float(kept.loc[seed, name]) for name in METRICS} for seed in kept.index}
-    rows.update({int(seed): m for seed, m in zip(seeds, means) if any(math.isfinite(v) for v in m.values())})
     if rows:
         pd.DataFrame([{"seed": seed, **rows[seed]} for seed in sorted(rows)]).to_csv(path, index=False)
     return means
