@@ -175,11 +175,8 @@ def seed_cap(args: Args) -> int:
 
 def recorded_seeds(cell: str) -> int:
     """The seeds a cell's benchmark.json records (0 for a cell not run yet)."""
-    path = os.path.join(cell, bm.SPEC_FILE)
-    if not os.path.isfile(path):
-        return 0
-    with open(path, encoding="utf-8") as f:
-        return int(json.load(f).get("seeds", 0))
+    spec = store.read_spec(os.path.join(cell, bm.SPEC_FILE))
+    return 0 if spec is None else int(spec.get("seeds", 0))
 
 
 def run_cell(args: Args, out: str, env: str, correction: str, k: int, seeds: int | None = None) -> None:
