@@ -280,6 +280,38 @@ def test_at_the_knobs_floor_the_learning_rate_takes_the_staleness_decrease_where
     assert stays[5].lr_off_staleness == 30
 
 
+def test_at_the_knobs_floor_a_raise_that_would_push_the_staleness_over_its_band_is_not_made():
+    """Hand values (target 0.02: aims 0.01 and 0.01, margin 1): at the floor, the update under
+    its aim (0.004 < 0.01 / 1.5) raises the rate only where the staleness times 1.5^2 (a part
+    made by the updates grows as the square of the step) stays in its band (<= 0.01 x 1.41)."""
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
+    floor = replace(initial_state(limits), knobs=LagKnobs((True, False), 1, 1))
+    held = run(limits, [parts(0.007, 0.004)] * 2, floor, lag_max=1)  # 0.007 x 2.25 = 0.0158 > 0.0141
+    assert held[-1].lr_action == 0 and held[-1].reason.endswith("update 0.004 within aim 0.01 x/ 1.5: lr hold")
+    raised = run(limits, [parts(0.006, 0.004)] * 2, floor, lag_max=1)  # 0.006 x 2.25 = 0.0135 <= 0.0141
+    assert raised[-1].lr_action == 1 and raised[-1].lr_scale == pytest.approx(1.5)
+    above = replace(floor, knobs=LagKnobs((True, True), 2, None))  # off the floor the knobs take what a raise adds
+    assert run(limits, [parts(0.007, 0.004)] * 2, above, lag_max=1)[-1].lr_action == 1
+
+
+def test_no_limit_cycle_at_the_knobs_floor_on_the_pendulum_plant():
+    """The plant of issue 42's Pendulum setting (six samplers, the last 4x slower, rollouts in
+    flight for ~7.6 versions: the staleness left at the knobs' floor is made by the updates).
+    Before the raise guard the learning rate cycled (a decrease at the floor, then a raise for
+    the update part, 23-29 changes in 230 iterations) and 64-75% of the post-warm-up iterations
+    sat under 1.25x the target; refresh_lag reached 1 only at iteration 39, the waste check's
+    loosenings holding it back. Now refresh_lag falls beside a loosened cap."""
+    limits = ControllerLimits(target=0.008, window=8, num_samplers=6, refresh_lag=4, max_lag=None)
+    for seed in range(3):
+        plant = Plant(rates=[0.15] * 5 + [0.0375], update=0.011, seed=seed)
+        kls, states = drive(plant, limits, 290)
+        assert next(i for i, s in enumerate(states) if s.knobs.refresh_lag == 1) <= 16
+        assert any("wasted" in s.reason and "refresh_lag" in s.reason for s in states)
+        assert states[-1].lr_adjustments - states[58].lr_adjustments <= 4
+        assert np.mean(kls[58:] <= 1.25 * 0.008) >= 0.9
+        assert plant.waste(states[-1].knobs) <= WASTE_MAX
+
+
 def test_the_margin_from_the_spread_hand_values():
     limits = ControllerLimits(target=0.02, window=2, num_samplers=1, refresh_lag=1, max_lag=None, quantile=0.8)
     history = [(t, t / 2, t / 2) for t in (0.01, 0.02, 0.03, 0.04, 0.05)]

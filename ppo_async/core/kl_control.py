@@ -32,7 +32,10 @@ throughput, on the mean `kl_staleness` of the `window` iterations since its last
 
   first, the waste check: where a max_lag the controller set wasted more than WASTE_MAX of
   what the samplers made in the window (discarded by forced refreshes, dropped by the stale
-  filter), max_lag + 1, and that value is the floor of every later decrease. Such a cap binds
+  filter), max_lag + 1, and that value is the floor of every later decrease (refresh_lag still
+  halves in the same decision where the staleness is over its band: before it did, each
+  loosening cost refresh_lag a window, and on the plant of issue 42's Pendulum setting it
+  reached 1 at iteration 39 instead of 15). Such a cap binds
   on the lag in flight (each rollout spans that many learner versions: the learner iterates
   faster than a sampler makes a rollout), not on the buffer's residency, so it throws rollouts
   away instead of holding samplers back. Measured (`experiments/kl_controller.py`, Pendulum-v1,
@@ -84,6 +87,12 @@ walk over 0.04-5x)
   lower    lr scale / LR_FACTOR when kl_update > update aim x LR_FACTOR (or at the floor, above);
   raise    lr scale x LR_FACTOR when kl_update < update aim / LR_FACTOR and the staleness
            window is not above its band (a larger step also makes the next samples staler);
+           at the knobs' floor, not where the staleness x LR_FACTOR^2 would be above it
+           (`raise_gain`: there the staleness is the updates' and grows as the square of the
+           step; without this guard a decrease for the staleness and a raise for the update
+           part alternated, 23-29 changes in 230 iterations on the plant of issue 42's
+           Pendulum setting, 64-75% of its iterations under 1.25x the target; with it, 0-2
+           changes and 95-100%);
   hold     otherwise, or at a bound.
 
 The band is [aim / LR_FACTOR, aim x LR_FACTOR] rather than rl_games' [threshold / 2, 2 x
@@ -396,7 +405,13 @@ def staleness_step(
     state, judged = judge_lr_trial(limits, state, mean)
     loosened = loosen_wasting_cap(limits, state)
     if loosened is not None:
-        return loosened[0], judged + loosened[1], False
+        state, why = loosened
+        if mean > aim * KNOB_BAND and state.knobs.refresh_lag > 1:  # the cap's loosening leaves refresh_lag free to fall
+            refresh_lag = max(1, int(state.knobs.refresh_lag * DECREASE_FACTOR))
+            why += (f"; staleness {mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}: "
+                    f"refresh_lag {state.knobs.refresh_lag}->{refresh_lag}")
+            state = replace(state, knobs=replace(state.knobs, refresh_lag=refresh_lag))
+        return state, judged + why, False
     if mean > aim * KNOB_BAND:
         knobs, action = decrease(state.knobs, state.lag_max, state.max_lag_floor), -1
         compared = f"{mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}"
@@ -410,6 +425,17 @@ def staleness_step(
         return state, f"{judged}staleness {compared}, knobs {edge}", action < 0
     why = f"{judged}staleness {compared}: {describe_change(state.knobs, knobs)}"
     return knobs_moved(state, knobs, action), why, False
+
+
+def raise_gain(limits: ControllerLimits, state: ControllerState) -> float:
+    """The factor one learning-rate raise is expected to put on the staleness: LR_FACTOR^2 with
+    every lag knob at its floor (the staleness left there is what the updates made while the
+    samples were in flight, and KL grows as the square of the step), 1 elsewhere (the knobs
+    take what it adds). A raise that would push the staleness over its band is not made: at the
+    floor the next window's staleness would take it back, a limit cycle of the two decisions
+    (measured on the synthetic plant of `tests/test_kl_control.py`)."""
+    at_floor = decrease(state.knobs, state.lag_max, state.max_lag_floor) == state.knobs
+    return LR_FACTOR ** 2 if at_floor else 1.0
 
 
 def update_step(
@@ -429,8 +455,8 @@ def update_step(
         factor, why = 1.0 / LR_FACTOR, f"update {update_kl:.4g} > aim {aims.update:.4g} x {LR_FACTOR:g}"
     elif floor:
         factor, why = 1.0 / LR_FACTOR, "staleness over its aim at the knobs' floor"
-    elif update_kl < aims.update / LR_FACTOR and (staleness is None or staleness <= aims.staleness * KNOB_BAND
-                                                  or state.lr_off_staleness > 0):
+    elif update_kl < aims.update / LR_FACTOR and (staleness is None or state.lr_off_staleness > 0
+                                                  or staleness * raise_gain(limits, state) <= aims.staleness * KNOB_BAND):
         factor, why = LR_FACTOR, f"update {update_kl:.4g} < aim {aims.update:.4g} / {LR_FACTOR:g}"
     else:
         return state, f"update {update_kl:.4g} within aim {aims.update:.4g} x/ {LR_FACTOR:g}: lr hold"
