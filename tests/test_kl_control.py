@@ -28,10 +28,11 @@ class Plant:
     refresh_lag - 1, capped by max_lag. The update part is `update` x lr_scale^2 (KL grows as
     the square of the step), the staleness part `per_lag` x lag x the update part (a sample L
     versions old is L updates behind), the cross term `cross` x sqrt(staleness x update); each
-    part with seeded log-normal noise of relative spread `noise`."""
+    part with seeded log-normal noise of relative spread `noise`; `drift` adds to the update
+    part what no step size moves (the normalisation statistics moving under the policy)."""
 
-    def __init__(self, rates, capacity=16, update=0.006, per_lag=0.4, cross=0.5, noise=0.3, seed=0):
-        self.rates, self.capacity = np.asarray(rates, float), capacity
+    def __init__(self, rates, capacity=16, update=0.006, per_lag=0.4, cross=0.5, noise=0.3, seed=0, drift=0.0):
+        self.rates, self.capacity, self.drift = np.asarray(rates, float), capacity, drift
         self.update, self.per_lag, self.cross, self.noise = update, per_lag, cross, noise
         self.rng = np.random.default_rng(seed)
 
@@ -60,7 +61,7 @@ class Plant:
         noise = lambda: math.exp(self.noise * self.rng.standard_normal() - self.noise ** 2 / 2)  # noqa: E731  mean 1
         update = self.update * state.lr_scale ** 2
         staleness = self.per_lag * self.lag(state.knobs) * update * noise()
-        update *= noise()
+        update = (update + self.drift) * noise()
         return KlSample(staleness + update + self.cross * math.sqrt(staleness * update), staleness, update)
 
 
@@ -117,6 +118,19 @@ def test_a_cap_that_wastes_rollouts_is_loosened_and_the_learning_rate_takes_the_
     _, blind = drive(plant, limits, 600, measure_supply=False)
     assert blind[-1].knobs.max_lag == 1 and blind[-1].max_lag_floor == 1
     assert plant.waste(blind[-1].knobs) > 0.8 and plant.throughput(blind[-1].knobs) < 0.2
+
+
+def test_an_update_part_the_step_does_not_make_keeps_the_learning_rate():
+    """Hopper-v5's first iterations in the hopper task: kl_update 0.006-0.017 at any learning
+    rate (`drift`, over the update aim). Without the update trial the rate fell 1.5x a window to
+    its floor (measured there: 1 -> 0.06x in 57 iterations, learning stalled); with it each
+    decrease that does not lower kl_update is undone, and the rate stays within one step of 1."""
+    limits = ControllerLimits(target=0.008, window=8, num_samplers=2, refresh_lag=1, max_lag=None)
+    plant = Plant(rates=[0.3, 0.3], update=0.002, drift=0.012)
+    _, states = drive(plant, limits, 300)
+    assert min(s.lr_scale for s in states) >= 1 / LR_FACTOR
+    assert any("update did not fall with the learning rate" in s.reason for s in states)
+    assert sum(s.lr_action == -1 for s in states) <= 300 // 32 + 1  # one try per history, not one per window
 
 
 def test_the_waste_check_hand_values():
@@ -231,14 +245,33 @@ def test_staleness_over_its_band_lowers_the_knobs_and_holds_the_learning_rate():
 def test_update_over_its_band_lowers_the_learning_rate_to_its_bound():
     """learning_rate 3e-6: the scale may go down to 1e-6 / 3e-6 = 1/3 (rl_games' lr floor)."""
     limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None, learning_rate=3e-6)
-    states = run(limits, [parts(0.004, 0.016)] * 8)
+    # kl_update falls as the square of each step (1.5^2, then 0.75^2 at the bound) and stays over 0.01 x 1.5
+    updates = [0.16, 0.16 / 1.5 ** 2, 0.16 / 1.5 ** 4, 0.16 / 1.5 ** 4 * 0.75 ** 2]
+    states = run(limits, [parts(0.004, u) for u in updates for _ in range(2)])
     # one decision per `window` iterations since the last change, on their mean kl_update
     assert [s.lr_action for s in states] == [0, -1, 0, -1, 0, -1, 0, 0]
+    assert "update fell with the learning rate (0.16 -> 0.07111); update 0.07111 > aim" in states[3].reason
+    assert states[3].reason.endswith("lr scale 0.444")
     assert [s.lr_scale for s in states[1:6:2]] == pytest.approx([1 / LR_FACTOR, 1 / LR_FACTOR ** 2, 1 / 3])
     assert states[2].reason.endswith("update: 1/2 iterations since the last lr change")
     assert states[-1].reason.endswith("lr scale at its bound 0.333: hold")
     assert all(s.knobs == initial_state(limits).knobs for s in states)  # already at their configured values
     assert "knobs at their configured values" in states[-1].reason
+
+
+def test_an_update_part_the_learning_rate_does_not_move_is_left_alone():
+    """A kl_update over its band that does not fall with a decrease (0.016 before and after:
+    not the step's, e.g. the normalisation statistics moving) gets the decrease undone, and the
+    learning rate leaves it alone for `history` iterations; then it tries again."""
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
+    states = run(limits, [parts(0.004, 0.016)] * 40)
+    assert [s.lr_action for s in states[:6]] == [0, -1, 0, 1, 0, 0]
+    assert states[1].update_trial == (0.016, 1.0) and states[1].lr_scale == pytest.approx(1 / 1.5)
+    assert states[3].reason.endswith("update did not fall with the learning rate (0.016 -> 0.016, not under / 1.5): "
+                                     "lr scale back to 1, and it leaves the update part alone for 32 iterations")
+    assert (states[3].lr_scale, states[3].lr_off_update, states[3].update_trial) == (1.0, 32, None)
+    assert states[5].reason.endswith("update 0.016 > aim 0.01 x 1.5, not the learning rate's (30 iterations left): lr hold")
+    assert all(s.lr_scale == 1.0 for s in states[3:35]) and states[35].lr_action == -1  # 32 iterations later
 
 
 def test_both_under_their_bands_raise_the_knobs_and_the_learning_rate_to_its_bound():
@@ -331,7 +364,8 @@ def test_the_state_round_trips_through_json_and_an_older_checkpoint_gets_default
                 supplies=[Supply(10, 0), Supply(20, 1), Supply(30, 1)])[-1]
     assert state.aims is not None and state.history and state.lr_scale != 1.0
     assert state.supply == Supply(30, 1) and state.updates and state.window_produced == 10
-    state = replace(state, lr_trial=(0.012, 0.5), lr_off_staleness=5, max_lag_floor=3)
+    state = replace(state, lr_trial=(0.012, 0.5), lr_off_staleness=5, max_lag_floor=3, update_trial=(0.02, 0.75),
+                    lr_off_update=7)
     back = kl_control.state_from_dict(json.loads(json.dumps(kl_control.state_to_dict(state))))
     assert back == state
     old = {"knobs": {"active": [True, False, True], "refresh_lag": 2, "max_lag": None}, "kls": [0.01], "lag_max": 3,
@@ -340,6 +374,7 @@ def test_the_state_round_trips_through_json_and_an_older_checkpoint_gets_default
     assert restored.knobs == LagKnobs((True, False, True), 2, None) and restored.adjustments == 4
     assert (restored.lr_scale, restored.history, restored.aims) == (1.0, (), None)
     assert (restored.supply, restored.updates, restored.max_lag_floor, restored.window_produced) == (None, (), 1, 0)
+    assert (restored.update_trial, restored.lr_off_update) == (None, 0)
 
 
 def test_unreachable_target_ends_at_every_floor_and_stops_moving():

@@ -85,6 +85,10 @@ of their median (a per-iteration rule moved the learning rate on 163 of 290 iter
 walk over 0.04-5x)
 
   lower    lr scale / LR_FACTOR when kl_update > update aim x LR_FACTOR (or at the floor, above);
+           a trial (`judge_update_trial`): where the next window's kl_update did not fall by more
+           than LR_FACTOR, the decrease is undone and the rate leaves the update part alone for
+           `history` iterations (a part no step size makes, e.g. the normalisation statistics
+           moving early in a run);
   raise    lr scale x LR_FACTOR when kl_update < update aim / LR_FACTOR and the staleness
            window is not above its band (a larger step also makes the next samples staler);
            at the knobs' floor, not where the staleness x LR_FACTOR^2 would be above it
@@ -256,6 +260,8 @@ class ControllerState:
     max_lag_floor: int = 1  # the lowest max_lag a decrease may set (raised where a cap wasted)
     lr_trial: tuple[float, float] | None = None  # (staleness window mean, lr scale) before a decrease at the knobs' floor, until judged
     lr_off_staleness: int = 0  # iterations the learning rate still leaves the staleness alone (a decrease at the floor did not lower it)
+    update_trial: tuple[float, float] | None = None  # (kl_update window mean, lr scale) before a decrease for the update part, until judged
+    lr_off_update: int = 0  # iterations the learning rate still leaves the update part alone (a decrease did not lower it)
 
 
 def initial_state(limits: ControllerLimits) -> ControllerState:
@@ -427,6 +433,35 @@ def staleness_step(
     return knobs_moved(state, knobs, action), why, False
 
 
+def judge_update_trial(limits: ControllerLimits, state: ControllerState, update_kl: float) -> tuple[ControllerState, str]:
+    """After a learning-rate decrease for the update part (`update_trial`), the next full
+    update window says whether it lowered `kl_update`: a part the step makes falls as its
+    square (LR_FACTOR^2 for one decrease); one that fell by less than LR_FACTOR (half of that in
+    log terms: a window mean of 8 iterations varies by ~10%, so a threshold nearer 1 passes
+    noise, and accepted decreases ratchet the rate down on the synthetic plant of
+    `tests/test_kl_control.py`) is not the step's - e.g. the observation normalisation's statistics
+    moving between the proximal policy and the updated one early in a run - so the decrease is
+    undone and the learning rate leaves the update part over its aim alone for `limits.history`
+    iterations. Measured: without this, Hopper-v5's first 60 iterations (kl_update 0.006-0.017
+    whatever the rate) took the learning rate from 1 to 0.06x (`experiments/kl_controller.py`,
+    the hopper task, target 0.008). Returns the state and the verdict in words ('' when there
+    was no trial)."""
+    if state.update_trial is None:
+        return state, ""
+    before, scale = state.update_trial
+    state = replace(state, update_trial=None)
+    if update_kl <= before / LR_FACTOR:
+        return state, f"update fell with the learning rate ({before:.4g} -> {update_kl:.4g}); "
+    low, high = limits.lr_scale_bounds
+    restored = min(max(scale, low), high)
+    state = replace(state, lr_off_update=limits.history, lr_scale=restored, updates=(),
+                    lr_action=1 if restored > state.lr_scale else state.lr_action,
+                    lr_adjustments=state.lr_adjustments + (restored != state.lr_scale))
+    return state, (f"update did not fall with the learning rate ({before:.4g} -> {update_kl:.4g}, not under / "
+                   f"{LR_FACTOR:g}): lr scale back to {restored:.3g}, and it leaves the update part alone for "
+                   f"{limits.history} iterations")
+
+
 def raise_gain(limits: ControllerLimits, state: ControllerState) -> float:
     """The factor one learning-rate raise is expected to put on the staleness: LR_FACTOR^2 with
     every lag knob at its floor (the staleness left there is what the updates made while the
@@ -451,15 +486,25 @@ def update_step(
     if len(state.updates) < limits.window and not floor:
         return state, f"update: {len(state.updates)}/{limits.window} iterations since the last lr change"
     update_kl = sum(state.updates) / len(state.updates)
-    if update_kl > aims.update * LR_FACTOR:
-        factor, why = 1.0 / LR_FACTOR, f"update {update_kl:.4g} > aim {aims.update:.4g} x {LR_FACTOR:g}"
+    if len(state.updates) >= limits.window and state.update_trial is not None:
+        state, judged = judge_update_trial(limits, state, update_kl)
+        if state.lr_off_update:  # undone: this window's verdict is the decision
+            return state, judged
+    else:
+        judged = ""
+    over = update_kl > aims.update * LR_FACTOR
+    if over and state.lr_off_update == 0:
+        factor, why = 1.0 / LR_FACTOR, f"{judged}update {update_kl:.4g} > aim {aims.update:.4g} x {LR_FACTOR:g}"
     elif floor:
-        factor, why = 1.0 / LR_FACTOR, "staleness over its aim at the knobs' floor"
+        factor, why = 1.0 / LR_FACTOR, f"{judged}staleness over its aim at the knobs' floor"
     elif update_kl < aims.update / LR_FACTOR and (staleness is None or state.lr_off_staleness > 0
                                                   or staleness * raise_gain(limits, state) <= aims.staleness * KNOB_BAND):
-        factor, why = LR_FACTOR, f"update {update_kl:.4g} < aim {aims.update:.4g} / {LR_FACTOR:g}"
+        factor, why = LR_FACTOR, f"{judged}update {update_kl:.4g} < aim {aims.update:.4g} / {LR_FACTOR:g}"
+    elif over:
+        return state, (f"{judged}update {update_kl:.4g} > aim {aims.update:.4g} x {LR_FACTOR:g}, not the learning "
+                       f"rate's ({state.lr_off_update} iterations left): lr hold")
     else:
-        return state, f"update {update_kl:.4g} within aim {aims.update:.4g} x/ {LR_FACTOR:g}: lr hold"
+        return state, f"{judged}update {update_kl:.4g} within aim {aims.update:.4g} x/ {LR_FACTOR:g}: lr hold"
     low, high = limits.lr_scale_bounds
     scale = min(max(state.lr_scale * factor, low), high)
     if scale == state.lr_scale:
@@ -467,6 +512,8 @@ def update_step(
     if floor and factor < 1:  # a trial: the next staleness window says whether it worked (`judge_lr_trial`)
         trial = (state.kl_mean if state.kl_mean is not None else staleness, state.lr_scale)
         state = restart_window(replace(state, lr_trial=state.lr_trial or trial))
+    elif over and factor < 1:  # a trial: the next update window says whether it worked (`judge_update_trial`)
+        state = replace(state, update_trial=(update_kl, state.lr_scale))
     state = replace(state, lr_scale=scale, lr_action=1 if factor > 1 else -1, lr_adjustments=state.lr_adjustments + 1,
                     updates=())
     return state, f"{why}: lr scale {scale:.3g}"
@@ -508,7 +555,8 @@ def step(
     if not kl.measured:
         return replace(state, reason="no KL measured (nothing consumed): hold")
     history = (state.history + (tuple(float(x) for x in kl),))[-limits.history:]
-    state = replace(state, history=history, lr_off_staleness=max(0, state.lr_off_staleness - 1), kls=(state.kls + (float(kl.staleness),))[-limits.window:],
+    state = replace(state, history=history, lr_off_staleness=max(0, state.lr_off_staleness - 1),
+                    lr_off_update=max(0, state.lr_off_update - 1), kls=(state.kls + (float(kl.staleness),))[-limits.window:],
                     updates=(state.updates + (float(kl.update),))[-limits.window:])
     if len(history) < limits.window:
         return replace(state, reason=f"warm-up: {len(history)}/{limits.window} iterations")
@@ -562,6 +610,7 @@ def state_from_dict(data: Mapping[str, Any]) -> ControllerState:
         "supply": None if data.get("supply") is None else Supply(*(int(x) for x in data["supply"])),
         "updates": tuple(float(u) for u in data.get("updates", ())),
         "lr_trial": None if data.get("lr_trial") is None else tuple(float(x) for x in data["lr_trial"]),
+        "update_trial": None if data.get("update_trial") is None else tuple(float(x) for x in data["update_trial"]),
     }
     for f in fields(ControllerState):
         if f.name not in values and f.name in data:
