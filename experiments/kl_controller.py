@@ -291,11 +291,16 @@ def against_the_grid(runs: pd.DataFrame, task: Task) -> list[str]:
                 f"setting's ({fixed.median():.2f} s)"]
 
 
+def task_heading(task_name: str, task: Task, target: float) -> str:
+    """A task's heading: env, budget, regime, target, threshold and the fields every setting has."""
+    return (f"## {task_name}: {task.env}, {task.total_env_steps:,} env steps, {task.latency_ms:g} ms per env step "
+            f"(the last sampler {task.slow_factor:g}x), KL target {target:g}, return threshold {task.threshold:g}"
+            + "".join(f", {name} = {value}" for name, value in task.fields))
+
+
 def task_lines(task_name: str, task: Task, runs: pd.DataFrame, target: float) -> list[str]:
     """One task's table (a row per setting, controlled first) and where the controller ended."""
-    lines = [f"## {task_name}: {task.env}, {task.total_env_steps:,} env steps, {task.latency_ms:g} ms per env step "
-             f"(the last sampler {task.slow_factor:g}x), KL target {target:g}, return threshold {task.threshold:g}"
-             + "".join(f", {name} = {value}" for name, value in task.fields), "",
+    lines = [task_heading(task_name, task, target), "",
              f"controlled starts from {task.bad_samplers} samplers, a {task.bad_buffer_chunks}-chunk buffer, refresh_lag "
              f"{task.bad_refresh_lag}; the fixed grid has refresh_lag 1", "",
              f"| setting | seconds to {task.threshold:g} (reached) | final return | KL <= 1.25 x target | KL <= target "

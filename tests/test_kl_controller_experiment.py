@@ -42,6 +42,11 @@ def test_settings_are_the_bad_start_and_the_grid():
     assert (hopper.env, hopper.num_samplers, hopper.threaded.sampler_step_latency_ms[0]) == ("gymnasium/Hopper-v5", 8, 5.0)
     pendulum = script.settings(script.TASKS["pendulum"], 0.008)["fixed-s6-b16"]
     assert pendulum.threaded.buffer_capacity == 16_384  # issue 42's setting
+    # a task's fields reach every setting, the grid's too: the hopper task runs the decoupled objective
+    assert {c.ppo.objective for c in script.settings(script.TASKS["hopper"], 0.02).values()} == {"decoupled"}
+    assert {c.ppo.objective for c in script.settings(script.TASKS["pendulum"], 0.02).values()} == {"ppo"}
+    assert script.task_heading("hopper", script.TASKS["hopper"], 0.02).endswith(
+        "KL target 0.02, return threshold 1000, ppo.objective = decoupled")
 
 
 def test_kl_fractions_hand_values():
