@@ -147,6 +147,8 @@ def test_the_waste_check_hand_values():
     assert decrease(LagKnobs((True,), 1, 10), lag_max=8, max_lag_floor=3).max_lag == 4  # 8 // 2, above the floor
     assert decrease(LagKnobs((True,), 1, 4), lag_max=4, max_lag_floor=3).max_lag == 3  # not under it
     assert decrease(LagKnobs((True,), 1, 3), lag_max=3, max_lag_floor=3) == LagKnobs((True,), 1, 3)  # the floor
+    flushed = run(limits, [parts(0.01, 0.01)], start, lag_max=2, supplies=[Supply(10, 30)])[-1]
+    assert kl_control.waste_fraction(flushed) == 1.0  # 30 dropped of what 10 made: samples made before the window
     kept = run(limits, [parts(0.01, 0.01)] * 2, start, lag_max=2, supplies=[Supply(100, 0), Supply(200, 9)])
     assert kept[-1].knobs.max_lag == 2 and "wasted" not in kept[-1].reason  # 9 of 200: under 10%
     configured = ControllerLimits(target=0.02, window=2, num_samplers=1, refresh_lag=1, max_lag=2)

@@ -313,8 +313,14 @@ def decrease(knobs: LagKnobs, lag_max: int, max_lag_floor: int = 1) -> LagKnobs:
 
 
 def waste_fraction(state: ControllerState) -> float:
-    """The fraction of what the samplers made since the last knob change that was wasted (0 when nothing was made)."""
-    return state.window_wasted / state.window_produced if state.window_produced > 0 else 0.0
+    """The fraction of what the samplers made since the last knob change that was wasted (0 when
+    nothing was made), at most 1: a drop counted in the window may be of samples made before it
+    (a cap just lowered flushes the buffer), which without the bound read as up to 3x what the
+    window made (`knobs_over_time.png` of the pendulum task). Every decision compares it with
+    WASTE_MAX < 1, so the bound changes none."""
+    if state.window_produced <= 0:
+        return 0.0
+    return min(1.0, state.window_wasted / state.window_produced)
 
 
 def loosen_wasting_cap(limits: ControllerLimits, state: ControllerState) -> tuple[ControllerState, str] | None:
