@@ -166,8 +166,6 @@ HISTORY_MIN = 32
 WASTE_MAX = 0.1
 """The largest fraction of what the samplers make that a max_lag the controller set may waste
 (discarded by forced refreshes or dropped by the learner's stale filter) before it is loosened."""
-LEARNER_STARVED = 0.1
-"""The learner's share of a window spent waiting for batches over which no sampler is surplus."""
 SURPLUS_PAUSE = 1.5
 """Samplers' worth of time spent waiting for buffer room over a window (`surplus`) from which a
 decrease pauses samplers: they out-produce the learner, so pausing all but one sampler's worth
@@ -244,7 +242,6 @@ class Supply(NamedTuple):
     wasted: int
     waiting_s: float = 0.0  # sampler-seconds spent waiting for room in the buffer (`sampler_wait_space_s`, summed)
     elapsed_s: float = 0.0  # the run's seconds
-    learner_wait_s: float = 0.0  # the learner's seconds waiting for a batch (`learner_wait_s`, summed)
 
 
 class Aims(NamedTuple):
@@ -277,7 +274,6 @@ class ControllerState:
     window_wasted: int = 0  # of which wasted (forced refreshes, stale drops)
     window_waiting_s: float = 0.0  # sampler-seconds spent waiting for buffer room since the last knob change
     window_elapsed_s: float = 0.0  # seconds since the last knob change (as the supply saw them)
-    window_learner_wait_s: float = 0.0  # of which the learner spent waiting for a batch
     max_lag_floor: int = 1  # the lowest max_lag a decrease may set (raised where a cap wasted)
     lr_trial: tuple[float, float] | None = None  # (staleness window mean, lr scale) before a decrease at the knobs' floor, until judged
     lr_off_staleness: int = 0  # iterations the learning rate still leaves the staleness alone (a decrease at the floor did not lower it)
@@ -345,15 +341,10 @@ def waste_fraction(state: ControllerState) -> float:
 
 
 def surplus(state: ControllerState) -> float:
-    """Samplers' worth of work the learner did not need since the last knob change: time spent
-    waiting for buffer room, plus the running samplers' share of what a cap wasted (a rollout
-    made and discarded) - 0 where the learner itself waited for batches over LEARNER_STARVED of
-    the window (then every sampler's chunks are needed), or no time was measured. How many
-    samplers the run could pause without losing throughput, had they been idle evenly."""
-    elapsed = state.window_elapsed_s
-    if elapsed <= 0 or state.window_learner_wait_s > LEARNER_STARVED * elapsed:
-        return 0.0
-    return state.window_waiting_s / elapsed + state.knobs.num_active * waste_fraction(state)
+    """Samplers' worth of time spent waiting for buffer room since the last knob change (0 when
+    no time was measured): how many samplers the run could pause without losing throughput,
+    had they waited evenly."""
+    return state.window_waiting_s / state.window_elapsed_s if state.window_elapsed_s > 0 else 0.0
 
 
 def pause_surplus(knobs: LagKnobs, spare: float, rates: Sequence[float]) -> LagKnobs:
@@ -419,7 +410,7 @@ def knobs_moved(state: ControllerState, knobs: LagKnobs, action: int) -> Control
 def restart_window(state: ControllerState) -> ControllerState:
     """`state` with its staleness window (KLs, largest lag, samples made and wasted) started again."""
     return replace(state, kls=(), lag_max=0, window_produced=0, window_wasted=0, window_waiting_s=0.0,
-                   window_elapsed_s=0.0, window_learner_wait_s=0.0)
+                   window_elapsed_s=0.0)
 
 
 def increase(limits: ControllerLimits, knobs: LagKnobs, lag_max: int, rates: Sequence[float],
@@ -589,12 +580,10 @@ def with_supply(state: ControllerState, supply: Supply | None) -> ControllerStat
     before = state.supply or Supply(0, 0)
     made, wasted = max(0, supply.produced - before.produced), max(0, supply.wasted - before.wasted)
     waiting, elapsed = max(0.0, supply.waiting_s - before.waiting_s), max(0.0, supply.elapsed_s - before.elapsed_s)
-    learner_wait = max(0.0, supply.learner_wait_s - before.learner_wait_s)
     return replace(state, supply=Supply(int(supply.produced), int(supply.wasted), float(supply.waiting_s),
-                                        float(supply.elapsed_s), float(supply.learner_wait_s)),
+                                        float(supply.elapsed_s)),
                    window_produced=state.window_produced + made, window_wasted=state.window_wasted + wasted,
-                   window_waiting_s=state.window_waiting_s + waiting, window_elapsed_s=state.window_elapsed_s + elapsed,
-                   window_learner_wait_s=state.window_learner_wait_s + learner_wait)
+                   window_waiting_s=state.window_waiting_s + waiting, window_elapsed_s=state.window_elapsed_s + elapsed)
 
 
 def step(

@@ -44,20 +44,18 @@ def kl_sample(metrics: Mapping[str, Any], consumed: int) -> kl_control.KlSample:
     return kl_control.KlSample(float(metrics["approx_kl"]), float(metrics["kl_staleness"]), float(metrics["kl_update"]))
 
 
-def supply_of(accounting: Mapping[str, int], waiting_s: float = 0.0, elapsed_s: float = 0.0,
-              learner_wait_s: float = 0.0) -> kl_control.Supply:
+def supply_of(accounting: Mapping[str, int], waiting_s: float = 0.0, elapsed_s: float = 0.0) -> kl_control.Supply:
     """The run's totals the controller weighs its knobs by: transitions produced, those a max_lag
     wasted (discarded by forced refreshes, dropped by the learner's stale filter), the samplers'
-    seconds spent waiting for buffer room (summed over samplers), the run's seconds and the
-    learner's seconds spent waiting for batches."""
+    seconds spent waiting for buffer room (summed over samplers) and the run's seconds."""
     return kl_control.Supply(int(accounting["samples_produced"]),
                              int(accounting["dropped_forced_refresh"]) + int(accounting["dropped_stale_total"]),
-                             float(waiting_s), float(elapsed_s), float(learner_wait_s))
+                             float(waiting_s), float(elapsed_s))
 
 
 def control_lag(shared: RunShared, limits: kl_control.ControllerLimits, state: kl_control.ControllerState,
                 metrics: Mapping[str, Any], consumed: int, elapsed_s: float,
-                accounting: Mapping[str, int], learner_wait_s: float = 0.0) -> kl_control.ControllerState:
+                accounting: Mapping[str, int]) -> kl_control.ControllerState:
     """One KL-controller step after a learner iteration: feeds it the iteration's KL parts,
     lag_max, each sampler's rate while it ran, the run's sample totals (`threaded_accounting`) and
     the samplers' seconds waiting for buffer room,
@@ -67,7 +65,7 @@ def control_lag(shared: RunShared, limits: kl_control.ControllerLimits, state: k
     rates = [s.produced / max(elapsed_s - s.paused_seconds(now), 1e-9) for s in shared.stats]
     waiting = sum(s.put_timings["space_s"] for s in shared.stats)
     state = kl_control.step(limits, state, kl_sample(metrics, consumed), int(metrics["lag_max"]), rates,
-                            supply_of(accounting, waiting, elapsed_s, learner_wait_s))
+                            supply_of(accounting, waiting, elapsed_s))
     shared.knobs = state.knobs
     return state
 
@@ -244,7 +242,6 @@ class Learner:
         self.shared, self.update, self.merge, self.place_trajectory, self.out = shared, update, merge, place_trajectory, out
         self.train_state, self.key, self.hparams, self.start = train_state, key, hparams, start
         self.consumed_total, self.dropped_stale_total = start.consumed, start.stale
-        self.learner_wait_total = 0.0  # seconds this process's learner waited for batches (the KL controller's surplus)
         self.version = int(jax.device_get(distributed.local_value(train_state.version)))
         self.phases: dict[str, float] = dict.fromkeys(LEARNER_PHASES, 0.0)
         self.limits = controller_limits(shared.config)
@@ -300,7 +297,6 @@ class Learner:
         row = learner_row(config, metrics, iteration=iteration, tags=tags, learner_version=self.version,
                           sgd_steps=sgd_steps, accounting=accounting, buffer_fill=counters["size"] / shared.buffer.capacity,
                           times=times, sampler_stats=shared.stats, phases=self.phases)
-        self.learner_wait_total += row["learner_wait_s"]
         if self.control is not None:  # the KL controller moves the lag knobs for what comes next
             row.update(self._control(metrics, consumed, times.done - shared.start, accounting))
         if self.start.resumed:  # the lag history before it is not replayed: the rows say where it restarted
@@ -348,8 +344,7 @@ class Learner:
         """The KL controller's step; the learner's stale filter follows its max_lag and its
         learning rate its scale from the next iteration on. Returns its metrics."""
         before = self.control
-        self.control = control_lag(self.shared, self.limits, self.control, metrics, consumed, elapsed_s, accounting,
-                                   self.learner_wait_total)
+        self.control = control_lag(self.shared, self.limits, self.control, metrics, consumed, elapsed_s, accounting)
         if self.control.knobs.max_lag != before.knobs.max_lag:
             self.hparams = with_max_lag(self.hparams, self.control.knobs.max_lag)
         if self.control.lr_scale != before.lr_scale:
