@@ -32,11 +32,10 @@ throughput, on the mean `kl_staleness` of the `window` iterations since its last
 
   first, the waste check: where a max_lag the controller set wasted more than WASTE_MAX of
   what the samplers made in the window (discarded by forced refreshes, dropped by the stale
-  filter), max_lag + 1, and that value is the floor of every later decrease (where the
-  staleness is over its band, the same decision still pauses the surplus samplers and halves
-  refresh_lag: before, each loosening cost the other knobs a window - on the plant of issue
-  42's Pendulum setting refresh_lag reached 1 at iteration 39 instead of 15, and in the hopper
-  task the cap was loosened nearly every window). Such a cap binds
+  filter), max_lag + 1, and that value is the floor of every later decrease (refresh_lag still
+  halves in the same decision where the staleness is over its band: before it did, each
+  loosening cost refresh_lag a window, and on the plant of issue 42's Pendulum setting it
+  reached 1 at iteration 39 instead of 15). Such a cap binds
   on the lag in flight (each rollout spans that many learner versions: the learner iterates
   faster than a sampler makes a rollout), not on the buffer's residency, so it throws rollouts
   away instead of holding samplers back. Measured (`experiments/kl_controller.py`, Pendulum-v1,
@@ -455,18 +454,16 @@ def staleness_step(
     mean = sum(state.kls) / len(state.kls)
     state = replace(state, kl_mean=mean)
     state, judged = judge_lr_trial(limits, state, mean)
-    spare = surplus(state)  # before a loosening restarts the window
     loosened = loosen_wasting_cap(limits, state)
-    if loosened is not None:  # the cap's loosening leaves the other knobs free to fall
+    if loosened is not None:
         state, why = loosened
-        if mean > aim * KNOB_BAND:
-            knobs = pause_surplus(state.knobs, spare, sampler_rates)
-            knobs = replace(knobs, refresh_lag=max(1, int(knobs.refresh_lag * DECREASE_FACTOR)))
-            if knobs != state.knobs:
-                why += (f"; staleness {mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g} ({spare:.1f} samplers' worth "
-                        f"waiting for buffer room): {describe_change(state.knobs, knobs)}")
-                state = replace(state, knobs=knobs)
+        if mean > aim * KNOB_BAND and state.knobs.refresh_lag > 1:  # the cap's loosening leaves refresh_lag free to fall
+            refresh_lag = max(1, int(state.knobs.refresh_lag * DECREASE_FACTOR))
+            why += (f"; staleness {mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}: "
+                    f"refresh_lag {state.knobs.refresh_lag}->{refresh_lag}")
+            state = replace(state, knobs=replace(state.knobs, refresh_lag=refresh_lag))
         return state, judged + why, False
+    spare = surplus(state)
     if mean > aim * KNOB_BAND:
         knobs, action = pause_surplus(state.knobs, spare, sampler_rates), -1
         compared = f"{mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}"
