@@ -54,12 +54,6 @@ class Plant:
             return 0.0
         return 1.0 - knobs.max_lag / lag
 
-    def waiting(self, knobs: LagKnobs) -> float:
-        """Samplers' worth of time spent waiting for room: where the running samplers out-produce
-        the learner (their chunks per iteration sum over 1), each waits 1 - 1 / that sum of it."""
-        total = float(self.rates[list(knobs.active)].sum())
-        return knobs.num_active * (1.0 - 1.0 / total) if total > 1.0 else 0.0
-
     def throughput(self, knobs: LagKnobs) -> float:
         return min(float(self.rates[list(knobs.active)].sum()), 1.0) * (1.0 - self.waste(knobs))
 
@@ -75,13 +69,12 @@ def drive(plant: Plant, limits: ControllerLimits, iterations: int, state=None, m
     """Runs the controller on the plant; returns (approx_kl per iteration, states). With
     `measure_supply` the controller sees the samples made and wasted (1,000 per iteration)."""
     state = state or initial_state(limits)
-    kls, states, produced, wasted, waiting = [], [], 0, 0, 0.0
-    for i in range(iterations):
+    kls, states, produced, wasted = [], [], 0, 0
+    for _ in range(iterations):
         kl = plant.kl(state)
         produced += 1000
         wasted += round(1000 * plant.waste(state.knobs))
-        waiting += plant.waiting(state.knobs)  # one learner iteration a second
-        supply = Supply(produced, wasted, waiting, float(i + 1)) if measure_supply else None
+        supply = Supply(produced, wasted) if measure_supply else None
         state = step(limits, state, kl, int(math.ceil(plant.lag(state.knobs))), list(plant.rates), supply)
         kls.append(kl.total)
         states.append(state)
@@ -138,35 +131,6 @@ def test_an_update_part_the_step_does_not_make_keeps_the_learning_rate():
     assert min(s.lr_scale for s in states) >= 1 / LR_FACTOR
     assert any("update did not fall with the learning rate" in s.reason for s in states)
     assert sum(s.lr_action == -1 for s in states) <= 300 // 32 + 1  # one try per history, not one per window
-
-
-def test_samplers_that_out_produce_the_learner_are_paused_slowest_first():
-    """Hand values on the plant: eight samplers, the last 4x slower, making 2.9 chunks per
-    learner iteration, so 8 x (1 - 1/2.9) = 5.24 samplers' worth of time waits for room. A
-    staleness decrease pauses all but one sampler's worth of it, the slowest first: the
-    straggler and three more (5.24 - 0.5 -> 4); then 4 x (1 - 1/1.6) = 1.5 -> one more; at 0.5
-    none. Their throughput stays the learner's."""
-    plant = Plant(rates=[0.4] * 7 + [0.1], update=0.011)
-    limits = ControllerLimits(target=0.008, window=8, num_samplers=8, refresh_lag=1, max_lag=None)
-    _, states = drive(plant, limits, 24)
-    paused = [s.knobs.active for s in states if s.action == -1]
-    assert paused[0] == (True,) * 4 + (False,) * 4  # the straggler (id 7) and the highest ids at equal rates
-    assert "5.2 samplers' worth waiting for buffer room" in next(s.reason for s in states if s.action == -1)
-    assert paused[1] == (True,) * 3 + (False,) * 5
-    assert all(plant.throughput(s.knobs) == 1.0 for s in states)
-    assert kl_control.pause_surplus(LagKnobs((True,) * 3, 1, None), 0.5, [1.0] * 3) == LagKnobs((True,) * 3, 1, None)
-    assert kl_control.pause_surplus(LagKnobs((True,), 1, None), 9.0, [1.0]) == LagKnobs((True,), 1, None)  # one runs
-
-
-def test_a_paused_sampler_is_resumed_only_without_surplus():
-    """Staleness under its band walks the ladder up; the paused sampler first only while the
-    running ones do not out-produce the learner (under 0.5 samplers' worth waiting)."""
-    limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
-    start = replace(initial_state(limits), knobs=LagKnobs((True, False), 1, None))
-    busy = run(limits, [parts(0.001, 0.004)] * 2, start, lag_max=1, supplies=[Supply(10, 0, 0.6, 1.0), Supply(20, 0, 1.2, 2.0)])
-    assert busy[-1].knobs == LagKnobs((True, False), 2, None)  # 0.6 waiting: refresh_lag + 1 instead
-    idle = run(limits, [parts(0.001, 0.004)] * 2, start, lag_max=1, supplies=[Supply(10, 0, 0.2, 1.0), Supply(20, 0, 0.4, 2.0)])
-    assert idle[-1].knobs == LagKnobs((True, True), 1, None)
 
 
 def test_the_waste_check_hand_values():
@@ -462,8 +426,8 @@ def test_controller_limits_of_a_config():
 
 def test_threaded_run_steered_to_the_floor_by_an_unreachable_target():
     """A target no update can meet: the controller tightens refresh_lag and max_lag to 1 and
-    the learning rate falls; a sampler is paused only by a decision that saw the samplers
-    out-produce the learner (its reason says how many samplers' worth waited for room); the learner
+    the learning rate falls, with every sampler still running (at max_lag 1 pausing one would
+    lower no lag); the learner
     drops what is staler and trains at the rate the controller set (the row's learning_rate is
     ppo.learning_rate x the scale the previous row's decision left), and the sample accounting
     holds at every row (the recorder checks it)."""
@@ -475,10 +439,7 @@ def test_threaded_run_steered_to_the_floor_by_an_unreachable_target():
     rows = pa.train(config, progress=False).metrics
     last = rows[-1]
     knobs = [(r["controller_active_samplers"], r["controller_refresh_lag"], r["controller_max_lag"]) for r in rows]
-    assert knobs[0] == (3, 2, None) and any(k[1:] == (1, 1) for k in knobs)
-    for before, row in zip(rows, rows[1:]):
-        if row["controller_active_samplers"] < before["controller_active_samplers"]:
-            assert "samplers' worth waiting for buffer room" in row["controller_reason"]
+    assert knobs[0] == (3, 2, None) and (3, 1, 1) in knobs and all(k[0] == 3 for k in knobs)
     actions = [r["controller_action"] for r in rows]
     assert sum(a != 0 for a in actions) == last["controller_adjustments"] and actions.count(-1) >= 1
     lr_actions = [r["controller_lr_action"] for r in rows]
@@ -492,10 +453,7 @@ def test_threaded_run_steered_to_the_floor_by_an_unreachable_target():
     under_lag_1 = [row for before, row in zip(rows, rows[1:]) if before["controller_max_lag"] == 1]
     assert under_lag_1 and all(r["dropped_stale"] == sum(r["lag_histogram"][2:]) for r in under_lag_1)
     assert all(r["samples_produced"] == r["samples_consumed"] + r["samples_dropped"] + r["samples_resident"] for r in rows)
-    if all(k[0] == 3 for k in knobs):
-        assert all(s == 0 for s in last["sampler_paused_s"])
-    elif any(k[0] < 3 for k in knobs[:-3]):  # paused a few iterations before the end: the pause is timed
-        assert sum(last["sampler_paused_s"]) > 0
+    assert all(s == 0 for s in last["sampler_paused_s"])
 
 
 class Stop(Exception):

@@ -65,20 +65,12 @@ throughput, on the mean `kl_staleness` of the `window` iterations since its last
        the staleness alone for `history` iterations. Measured (same task, target 0.008): about
        half the trials failed; without them the rate went to 0.01-0.04x, the staleness hardly
        moved and learning stalled (final return -306 +- 347 against -203 +- 20 with them).
-       Pausing samplers is a rung only where they out-produce the learner (below): measured
-       (same task), a ladder that paused samplers regardless took a run from 6 to 1 with the
-       mean lag at 1.00 all along, and its 300k env steps 17.7 s against 3.8 s for 6 samplers
-       uncontrolled
-  before both, where the samplers out-produce the learner - over the window `surplus` >=
-  SURPLUS_PAUSE samplers' worth of time went to waiting for buffer room - the slowest running
-  samplers are paused, all but one sampler's worth of that surplus (`pause_surplus`): their
-  chunks would only have queued, each version older, so pausing them costs no throughput. In
-  the hopper task (8 samplers, the learner consuming ~2.8 of their ~9 chunks per second) the
-  knobs above ran to their floor and left the lag at ~8 versions (kl_staleness ~0.1 under
-  the decoupled objective): the buffer's queue, which only fewer producers shorten
+       Pausing samplers is not a rung: measured (same task), a ladder that paused samplers
+       took a run from 6 to 1 with the mean lag at 1.00 all along, and its 300k env steps
+       17.7 s against 3.8 s for 6 samplers uncontrolled
   increase (window mean < staleness aim / KNOB_BAND), the same ladder walked back up, one
-  step at a time: resume the fastest paused sampler (only while the running ones leave under
-  SURPLUS_PAUSE - 1 samplers' worth waiting: else it adds lag and no samples), then max_lag + 1 (back to its configured
+  step at a time: resume the fastest paused sampler (a state restored from a checkpoint of the
+  earlier controller, which paused them), then max_lag + 1 (back to its configured
   value, None = unlimited, as soon as the window's largest lag sits under the cap: a cap that
   binds nothing is lifted), then refresh_lag + 1 (up to its configured value);
   hold otherwise (the band in between), or when the ladder has no rung left in that direction.
@@ -165,10 +157,6 @@ HISTORY_MIN = 32
 WASTE_MAX = 0.1
 """The largest fraction of what the samplers make that a max_lag the controller set may waste
 (discarded by forced refreshes or dropped by the learner's stale filter) before it is loosened."""
-SURPLUS_PAUSE = 1.5
-"""Samplers' worth of time spent waiting for buffer room over a window (`surplus`) from which a
-decrease pauses samplers: they out-produce the learner, so pausing all but one sampler's worth
-of that surplus costs no throughput. Resumed only once under SURPLUS_PAUSE - 1."""
 
 
 @dataclass(frozen=True)
@@ -239,8 +227,6 @@ class Supply(NamedTuple):
 
     produced: int
     wasted: int
-    waiting_s: float = 0.0  # sampler-seconds spent waiting for room in the buffer (`sampler_wait_space_s`, summed)
-    elapsed_s: float = 0.0  # the run's seconds
 
 
 class Aims(NamedTuple):
@@ -271,8 +257,6 @@ class ControllerState:
     supply: Supply | None = None  # the run's totals at the last step (None: not seen yet)
     window_produced: int = 0  # transitions the samplers made since the last knob change
     window_wasted: int = 0  # of which wasted (forced refreshes, stale drops)
-    window_waiting_s: float = 0.0  # sampler-seconds spent waiting for buffer room since the last knob change
-    window_elapsed_s: float = 0.0  # seconds since the last knob change (as the supply saw them)
     max_lag_floor: int = 1  # the lowest max_lag a decrease may set (raised where a cap wasted)
     lr_trial: tuple[float, float] | None = None  # (staleness window mean, lr scale) before a decrease at the knobs' floor, until judged
     lr_off_staleness: int = 0  # iterations the learning rate still leaves the staleness alone (a decrease at the floor did not lower it)
@@ -339,25 +323,6 @@ def waste_fraction(state: ControllerState) -> float:
     return min(1.0, state.window_wasted / state.window_produced)
 
 
-def surplus(state: ControllerState) -> float:
-    """Samplers' worth of time spent waiting for buffer room since the last knob change (0 when
-    no time was measured): how many samplers the run could pause without losing throughput,
-    had they waited evenly."""
-    return state.window_waiting_s / state.window_elapsed_s if state.window_elapsed_s > 0 else 0.0
-
-
-def pause_surplus(knobs: LagKnobs, spare: float, rates: Sequence[float]) -> LagKnobs:
-    """Pauses the slowest running samplers, all but one sampler's worth of `spare` (at least one
-    keeps running), where `spare` >= SURPLUS_PAUSE; `knobs` itself otherwise. The slowest first:
-    a rollout that takes longer spans more learner versions, so its samples are the stalest."""
-    count = min(knobs.num_active - 1, int(math.floor(spare - (SURPLUS_PAUSE - 1.0))))
-    if spare < SURPLUS_PAUSE or count < 1:
-        return knobs
-    running = sorted((i for i, on in enumerate(knobs.active) if on), key=lambda i: (rates[i], -i))
-    slowest = set(running[:count])
-    return replace(knobs, active=tuple(on and i not in slowest for i, on in enumerate(knobs.active)))
-
-
 def loosen_wasting_cap(limits: ControllerLimits, state: ControllerState) -> tuple[ControllerState, str] | None:
     """Where a max_lag the controller set wasted more than WASTE_MAX of the window's samples
     (its lag is in flight - rollouts span that many versions - not in the buffer, so the cap
@@ -408,17 +373,13 @@ def knobs_moved(state: ControllerState, knobs: LagKnobs, action: int) -> Control
 
 def restart_window(state: ControllerState) -> ControllerState:
     """`state` with its staleness window (KLs, largest lag, samples made and wasted) started again."""
-    return replace(state, kls=(), lag_max=0, window_produced=0, window_wasted=0, window_waiting_s=0.0,
-                   window_elapsed_s=0.0)
+    return replace(state, kls=(), lag_max=0, window_produced=0, window_wasted=0)
 
 
-def increase(limits: ControllerLimits, knobs: LagKnobs, lag_max: int, rates: Sequence[float],
-             spare: float = 0.0) -> LagKnobs:
+def increase(limits: ControllerLimits, knobs: LagKnobs, lag_max: int, rates: Sequence[float]) -> LagKnobs:
     """One additive increase: the last rung of the ladder that is below its configured value
-    (`knobs` itself when every knob is back at its configured value); a paused sampler is
-    resumed only while the running ones do not out-produce the learner (`spare`, samplers'
-    worth of waiting for room, under SURPLUS_PAUSE - 1): else it would add lag and no samples."""
-    if knobs.num_active < limits.num_samplers and spare < SURPLUS_PAUSE - 1.0:
+    (`knobs` itself when every knob is back at its configured value)."""
+    if knobs.num_active < limits.num_samplers:
         return replace(knobs, active=_resume_fastest(knobs.active, rates))
     if knobs.max_lag != limits.max_lag:  # tightened by the controller
         if lag_max < knobs.max_lag:  # the cap binds nothing: lift it
@@ -463,16 +424,11 @@ def staleness_step(
                     f"refresh_lag {state.knobs.refresh_lag}->{refresh_lag}")
             state = replace(state, knobs=replace(state.knobs, refresh_lag=refresh_lag))
         return state, judged + why, False
-    spare = surplus(state)
     if mean > aim * KNOB_BAND:
-        knobs, action = pause_surplus(state.knobs, spare, sampler_rates), -1
+        knobs, action = decrease(state.knobs, state.lag_max, state.max_lag_floor), -1
         compared = f"{mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}"
-        if knobs != state.knobs:
-            compared += f", {spare:.1f} samplers' worth waiting for buffer room"
-        else:
-            knobs = decrease(state.knobs, state.lag_max, state.max_lag_floor)
     elif mean < aim / KNOB_BAND:
-        knobs, action = increase(limits, state.knobs, state.lag_max, sampler_rates, spare), 1
+        knobs, action = increase(limits, state.knobs, state.lag_max, sampler_rates), 1
         compared = f"{mean:.4g} < aim {aim:.4g} / {KNOB_BAND:.3g}"
     else:
         return state, f"{judged}staleness {mean:.4g} within aim {aim:.4g} x/ {KNOB_BAND:.3g}: hold", False
@@ -576,11 +532,8 @@ def with_supply(state: ControllerState, supply: Supply | None) -> ControllerStat
         return state
     before = state.supply or Supply(0, 0)
     made, wasted = max(0, supply.produced - before.produced), max(0, supply.wasted - before.wasted)
-    waiting, elapsed = max(0.0, supply.waiting_s - before.waiting_s), max(0.0, supply.elapsed_s - before.elapsed_s)
-    return replace(state, supply=Supply(int(supply.produced), int(supply.wasted), float(supply.waiting_s),
-                                        float(supply.elapsed_s)),
-                   window_produced=state.window_produced + made, window_wasted=state.window_wasted + wasted,
-                   window_waiting_s=state.window_waiting_s + waiting, window_elapsed_s=state.window_elapsed_s + elapsed)
+    return replace(state, supply=Supply(int(supply.produced), int(supply.wasted)),
+                   window_produced=state.window_produced + made, window_wasted=state.window_wasted + wasted)
 
 
 def step(
@@ -636,7 +589,6 @@ def controller_metrics(state: ControllerState) -> dict[str, Any]:
         "controller_lr_action": state.lr_action,
         "controller_lr_adjustments": state.lr_adjustments,
         "controller_waste": waste_fraction(state),
-        "controller_surplus": surplus(state),
         "controller_max_lag_floor": state.max_lag_floor,
         "controller_reason": state.reason,
     }
@@ -661,8 +613,7 @@ def state_from_dict(data: Mapping[str, Any]) -> ControllerState:
         "history": tuple(tuple(float(x) for x in h) for h in data.get("history", ())),
         "aims": None if data.get("aims") is None else Aims(*(float(x) for x in data["aims"])),
         "kl_mean": None if data.get("kl_mean") is None else float(data["kl_mean"]),
-        "supply": None if data.get("supply") is None else Supply(
-            *(int(x) for x in data["supply"][:2]), *(float(x) for x in data["supply"][2:])),
+        "supply": None if data.get("supply") is None else Supply(*(int(x) for x in data["supply"])),
         "updates": tuple(float(u) for u in data.get("updates", ())),
         "lr_trial": None if data.get("lr_trial") is None else tuple(float(x) for x in data["lr_trial"]),
         "update_trial": None if data.get("update_trial") is None else tuple(float(x) for x in data["update_trial"]),

@@ -40,7 +40,7 @@ LAST_FIELDS = (
     "controller_staleness_mean", "controller_staleness_aim", "controller_update_aim", "controller_margin",
     "controller_active_samplers", "controller_refresh_lag", "controller_max_lag", "controller_action",
     "controller_adjustments", "controller_lr_scale", "controller_lr_action", "controller_lr_adjustments",
-    "controller_waste", "controller_surplus", "controller_max_lag_floor", "controller_reason",
+    "controller_waste", "controller_max_lag_floor", "controller_reason",
     # several processes (`ppo_async.runtime.distributed.global_row`): per-process running totals
     "process_samples_produced", "process_samples_consumed", "process_samples_dropped", "process_samples_resident",
     "process_dropped_forced_refresh", "process_dropped_overwritten", "process_dropped_stale_total",

@@ -44,28 +44,24 @@ def kl_sample(metrics: Mapping[str, Any], consumed: int) -> kl_control.KlSample:
     return kl_control.KlSample(float(metrics["approx_kl"]), float(metrics["kl_staleness"]), float(metrics["kl_update"]))
 
 
-def supply_of(accounting: Mapping[str, int], waiting_s: float = 0.0, elapsed_s: float = 0.0) -> kl_control.Supply:
-    """The run's totals the controller weighs its knobs by: transitions produced, those a max_lag
-    wasted (discarded by forced refreshes, dropped by the learner's stale filter), the samplers'
-    seconds spent waiting for buffer room (summed over samplers) and the run's seconds."""
+def supply_of(accounting: Mapping[str, int]) -> kl_control.Supply:
+    """The run's totals the controller weighs a max_lag by: transitions produced, and those a
+    max_lag wasted (discarded by forced refreshes, dropped by the learner's stale filter)."""
     return kl_control.Supply(int(accounting["samples_produced"]),
-                             int(accounting["dropped_forced_refresh"]) + int(accounting["dropped_stale_total"]),
-                             float(waiting_s), float(elapsed_s))
+                             int(accounting["dropped_forced_refresh"]) + int(accounting["dropped_stale_total"]))
 
 
 def control_lag(shared: RunShared, limits: kl_control.ControllerLimits, state: kl_control.ControllerState,
                 metrics: Mapping[str, Any], consumed: int, elapsed_s: float,
                 accounting: Mapping[str, int]) -> kl_control.ControllerState:
     """One KL-controller step after a learner iteration: feeds it the iteration's KL parts,
-    lag_max, each sampler's rate while it ran, the run's sample totals (`threaded_accounting`) and
-    the samplers' seconds waiting for buffer room,
+    lag_max, each sampler's rate while it ran and the run's sample totals (`threaded_accounting`),
     and puts its lag knobs in force for the samplers (the learning rate is the learner's:
     `controlled_hparams`)."""
     now = shared.start + elapsed_s
     rates = [s.produced / max(elapsed_s - s.paused_seconds(now), 1e-9) for s in shared.stats]
-    waiting = sum(s.put_timings["space_s"] for s in shared.stats)
     state = kl_control.step(limits, state, kl_sample(metrics, consumed), int(metrics["lag_max"]), rates,
-                            supply_of(accounting, waiting, elapsed_s))
+                            supply_of(accounting))
     shared.knobs = state.knobs
     return state
 
