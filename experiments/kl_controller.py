@@ -290,6 +290,11 @@ def against_the_grid(runs: pd.DataFrame, task: Task) -> list[str]:
     if "controlled" not in medians or fixed.empty or not np.isfinite(fixed.min()):
         return []
     ours, best = medians["controlled"], fixed.min()
+    if not np.isfinite(ours):
+        reached = int(np.isfinite(seconds[runs.setting == "controlled"]).sum())
+        return ["", f"controlled: its median seed did not reach {task.threshold:g} ({reached} of "
+                    f"{int((runs.setting == 'controlled').sum())} seeds did); the best fixed setting ({fixed.idxmin()}) "
+                    f"took {best:.2f} s and the median fixed setting {fixed.median():.2f} s (medians over seeds)"]
     return ["", f"controlled: {ours:.2f} s to {task.threshold:g} (median over seeds) = {ours / best:.2f}x the best fixed "
                 f"setting's ({fixed.idxmin()}, {best:.2f} s) and {ours / fixed.median():.2f}x the median fixed "
                 f"setting's ({fixed.median():.2f} s)"]

@@ -49,6 +49,21 @@ def test_settings_are_the_bad_start_and_the_grid():
         "KL target 0.02, return threshold 1000, ppo.objective = decoupled")
 
 
+def test_against_the_grid_hand_values():
+    """Medians over seeds (a seed that never reached the return counts as infinite); a
+    controlled median that never reached it is said in words, not as an infinite ratio."""
+    task = script.TASKS["hopper"]
+    rows = lambda controlled: pd.DataFrame({  # noqa: E731
+        "setting": ["controlled"] * 3 + ["fixed-a"] * 3 + ["fixed-b"] * 3,
+        "seconds_to_return": controlled + [40.0, 50.0, 60.0] + [80.0, float("inf"), 100.0]})
+    assert script.against_the_grid(rows([55.0, 60.0, float("inf")]), task)[1] == (
+        "controlled: 60.00 s to 1000 (median over seeds) = 1.20x the best fixed setting's (fixed-a, 50.00 s) and "
+        "0.80x the median fixed setting's (75.00 s)")
+    assert script.against_the_grid(rows([55.0, float("inf"), float("inf")]), task)[1] == (
+        "controlled: its median seed did not reach 1000 (1 of 3 seeds did); the best fixed setting (fixed-a) took "
+        "50.00 s and the median fixed setting 75.00 s (medians over seeds)")
+
+
 def test_kl_fractions_hand_values():
     """10 rows: the first 2 are the warm-up; of the other 8 one measured no KL (every sample
     stale), 5 of the remaining 7 are <= 1.25 x 0.01 and 2 are <= 0.01."""
