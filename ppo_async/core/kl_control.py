@@ -339,6 +339,15 @@ def loosen_wasting_cap(limits: ControllerLimits, state: ControllerState) -> tupl
     return knobs_moved(replace(state, max_lag_floor=max(state.max_lag_floor, loosened)), knobs, 1), why
 
 
+def undo_lr_decrease(limits: ControllerLimits, state: ControllerState, scale: float) -> tuple[ControllerState, float]:
+    """`state` with the learning-rate scale back at `scale` (within its bounds), counted as a
+    change, and the update window started again (a trial that failed); and that scale."""
+    low, high = limits.lr_scale_bounds
+    restored = min(max(scale, low), high)
+    return replace(state, lr_scale=restored, updates=(), lr_action=1 if restored > state.lr_scale else state.lr_action,
+                   lr_adjustments=state.lr_adjustments + (restored != state.lr_scale)), restored
+
+
 def judge_lr_trial(limits: ControllerLimits, state: ControllerState, mean: float) -> tuple[ControllerState, str]:
     """After a learning-rate decrease at the knobs' floor (`lr_trial`), the next full staleness
     window says whether it lowered the staleness: a part made by the updates falls as the
@@ -354,11 +363,7 @@ def judge_lr_trial(limits: ControllerLimits, state: ControllerState, mean: float
     state = replace(state, lr_trial=None)
     if mean <= before / LR_FACTOR ** 0.5:
         return state, f"staleness fell with the learning rate ({before:.4g} -> {mean:.4g}); "
-    low, high = limits.lr_scale_bounds
-    restored = min(max(scale, low), high)
-    state = replace(state, lr_off_staleness=limits.history, lr_scale=restored, updates=(),
-                    lr_action=1 if restored > state.lr_scale else state.lr_action,
-                    lr_adjustments=state.lr_adjustments + (restored != state.lr_scale))
+    state, restored = undo_lr_decrease(limits, replace(state, lr_off_staleness=limits.history), scale)
     return state, (f"staleness did not fall with the learning rate ({before:.4g} -> {mean:.4g}, not under / "
                    f"{LR_FACTOR ** 0.5:.3g}): lr scale back to {restored:.3g}, and it leaves the staleness alone for "
                    f"{limits.history} iterations; ")
@@ -458,11 +463,7 @@ def judge_update_trial(limits: ControllerLimits, state: ControllerState, update_
     state = replace(state, update_trial=None)
     if update_kl <= before / LR_FACTOR:
         return state, f"update fell with the learning rate ({before:.4g} -> {update_kl:.4g}); "
-    low, high = limits.lr_scale_bounds
-    restored = min(max(scale, low), high)
-    state = replace(state, lr_off_update=limits.history, lr_scale=restored, updates=(),
-                    lr_action=1 if restored > state.lr_scale else state.lr_action,
-                    lr_adjustments=state.lr_adjustments + (restored != state.lr_scale))
+    state, restored = undo_lr_decrease(limits, replace(state, lr_off_update=limits.history), scale)
     return state, (f"update did not fall with the learning rate ({before:.4g} -> {update_kl:.4g}, not under / "
                    f"{LR_FACTOR:g}): lr scale back to {restored:.3g}, and it leaves the update part alone for "
                    f"{limits.history} iterations")
