@@ -174,6 +174,30 @@ def test_put_timings_split_lock_space_and_write():
     assert refused["space_s"] >= 0.08 and refused["write_s"] < refused["space_s"]  # nothing to write: it waited
 
 
+def test_reservations_count_with_resident_chunks_until_put_or_release():
+    """`reserve(depth)` holds a place while fewer than `depth` chunks are resident or reserved;
+    a reserved put ends its reservation, `release` ends one whose chunk is not put, and a close
+    refuses new ones."""
+    buf = RingBuffer(make_chunk(0), capacity_chunks=8, full_policy="block")
+    assert buf.reserve(2, timeout=0.0) and buf.reserve(2, timeout=0.0) and buf.reserved == 2
+    assert not buf.reserve(2, timeout=0.05)  # two committed: no third place at depth 2
+    assert buf.put(make_chunk(1), timeout=0.0, reserved=True) and (buf.size, buf.reserved) == (1, 1)
+    assert not buf.reserve(2, timeout=0.0)  # one resident + one reserved
+    buf.release()
+    assert buf.reserved == 0 and buf.reserve(2, timeout=0.0)  # one resident, this one reserved
+    assert buf.put(make_chunk(2), timeout=0.0) and (buf.size, buf.reserved) == (2, 1)  # unreserved: keeps it
+    assert int(buf.get(timeout=0.0)["id"]) == 1 and buf.reserve(3, timeout=0.0) and buf.reserved == 2
+
+    waiter: list[bool] = []
+    thread = threading.Thread(target=lambda: waiter.append(buf.reserve(3, timeout=10.0)))
+    thread.start()  # 1 resident + 2 reserved = 3: it waits until a place is given back
+    buf.release()
+    thread.join(timeout=10.0)
+    assert waiter == [True] and buf.reserved == 2
+    buf.close()
+    assert not buf.reserve(100, timeout=0.0)
+
+
 def test_get_on_empty_times_out():
     buf = RingBuffer(make_chunk(0), 2)
     t0 = time.monotonic()

@@ -236,12 +236,37 @@ def test_holds_when_both_parts_are_inside():
 
 def test_staleness_over_its_band_lowers_the_knobs_and_holds_the_learning_rate():
     """The knobs go down; the learning rate is not raised while the staleness is over its band,
-    even though the update part is under its own (a larger step makes the next samples staler)."""
+    even though the update part is under its own (a larger step makes the next samples staler).
+    The staleness falls with the cap (0.03 at lag 4, 0.02 at max_lag 2: by more than
+    sqrt(4 / 2)), so the cap's trial keeps it."""
     limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
-    states = run(limits, [parts(0.016, 0.004)] * 4)
+    states = run(limits, [parts(0.03, 0.004)] * 2 + [parts(0.02, 0.004)] * 2)
     assert [s.action for s in states] == [0, -1, 0, -1]  # a decision per full window
     assert states[1].knobs == LagKnobs((True, True), 1, 2) and states[3].knobs == LagKnobs((True, True), 1, 1)
+    assert states[1].cap_trial == (0.03, None, 4, 1.0) and states[3].cap_trial == (0.02, 2, 4, 1.0)
     assert all(s.lr_scale == 1.0 and s.lr_action == 0 for s in states)
+
+
+def test_a_cap_that_does_not_lower_the_staleness_goes_back_for_a_while():
+    """A staleness that is not the lag's (0.016 at lag 4 and under max_lag 2: the plant of the
+    pendulum task, where it did not fall from 6 samplers to 2): the decrease is undone, its cap
+    (one over the largest lag seen, where it was unlimited) is the floor of decreases for
+    4 x history iterations - refresh_lag and then the learning rate act meanwhile - and after
+    that a decrease is tried again. A trial over which the learning rate moved is kept unjudged."""
+    limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
+    states = run(limits, [parts(0.016, 0.004)] * 6)
+    assert [s.action for s in states] == [0, -1, 0, 1, 0, 0]
+    assert states[1].knobs == LagKnobs((True, True), 1, 2)
+    assert states[3].knobs == LagKnobs((True, True), 1, None) and states[3].trial_floor == 5
+    assert "max_lag 2 did not lower the staleness (0.016 -> 0.016, not under / 1.41): max_lag back to None" in states[3].reason
+    assert "knobs at their floor" in states[5].reason and states[5].lr_action == -1  # the learning rate's turn
+    assert kl_control.cap_floor(states[5]) == 5 and states[5].trial_floor_left == 4 * limits.history - 2
+    later = run(limits, [parts(0.016, 0.004)] * 2, state=replace(states[5], trial_floor_left=1, lr_trial=None,
+                                                                  lr_off_staleness=0, kls=()))
+    assert later[1].knobs.max_lag == 2 and later[1].cap_trial is not None  # the floor expired: tried again
+    moved = replace(states[1], lr_scale=states[1].lr_scale / LR_FACTOR)
+    kept = run(limits, [parts(0.016, 0.004)] * 2, state=moved)
+    assert kept[1].knobs.max_lag == 1 and "did not lower" not in kept[1].reason
 
 
 def test_update_over_its_band_lowers_the_learning_rate_to_its_bound():

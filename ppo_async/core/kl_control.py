@@ -154,6 +154,8 @@ MARGIN_MAX = 10.0
 """The largest margin rho: the aims never fall under target / MARGIN_MAX."""
 HISTORY_MIN = 32
 """Iterations the margin is measured over: the last max(window, HISTORY_MIN)."""
+CAP_TRIAL_MIN = 1.5
+"""The smallest factor a max_lag decrease lowers the lag by that is judged (`judge_cap_trial`)."""
 WASTE_MAX = 0.1
 """The largest fraction of what the samplers make that a max_lag the controller set may waste
 (discarded by forced refreshes or dropped by the learner's stale filter) before it is loosened."""
@@ -262,6 +264,9 @@ class ControllerState:
     lr_off_staleness: int = 0  # iterations the learning rate still leaves the staleness alone (a decrease at the floor did not lower it)
     update_trial: tuple[float, float] | None = None  # (kl_update window mean, lr scale) before a decrease for the update part, until judged
     lr_off_update: int = 0  # iterations the learning rate still leaves the update part alone (a decrease did not lower it)
+    cap_trial: tuple[float, int | None, int, float] | None = None  # (staleness window mean, max_lag, largest lag, lr scale) before a max_lag decrease, until judged
+    trial_floor: int = 1  # the floor a failed max_lag trial set (`judge_cap_trial`), for `trial_floor_left` iterations
+    trial_floor_left: int = 0
 
 
 def initial_state(limits: ControllerLimits) -> ControllerState:
@@ -305,8 +310,8 @@ def decrease(knobs: LagKnobs, lag_max: int, max_lag_floor: int = 1) -> LagKnobs:
     refresh_lag = max(1, int(knobs.refresh_lag * DECREASE_FACTOR))
     current = lag_max if knobs.max_lag is None else min(knobs.max_lag, lag_max)
     max_lag = max(1, max_lag_floor, int(current * DECREASE_FACTOR))
-    if knobs.max_lag is not None and max_lag >= knobs.max_lag:
-        max_lag = knobs.max_lag
+    if (knobs.max_lag is not None and max_lag >= knobs.max_lag) or (knobs.max_lag is None and max_lag > current):
+        max_lag = knobs.max_lag  # at its floor (a cap over every lag seen would bind nothing)
     if (refresh_lag, max_lag) != (knobs.refresh_lag, knobs.max_lag):
         return replace(knobs, refresh_lag=refresh_lag, max_lag=max_lag)
     return knobs
@@ -369,11 +374,56 @@ def judge_lr_trial(limits: ControllerLimits, state: ControllerState, mean: float
                    f"{limits.history} iterations; ")
 
 
+def cap_fall(cap: int | None, lag_max: int, new_cap: int | None) -> float:
+    """The factor a max_lag decrease from `cap` (None: unlimited, the window's largest lag
+    `lag_max` standing for it) to `new_cap` lowers the lag bound by (1: it did not)."""
+    old = lag_max if cap is None else min(cap, max(lag_max, 1))
+    return old / new_cap if new_cap is not None and new_cap > 0 else 1.0
+
+
+def cap_floor(state: ControllerState) -> int:
+    """The lowest max_lag a decrease may set now: the waste check's floor, or a failed trial's
+    while it lasts."""
+    return max(state.max_lag_floor, state.trial_floor if state.trial_floor_left > 0 else 1)
+
+
+def judge_cap_trial(limits: ControllerLimits, state: ControllerState, mean: float) -> tuple[ControllerState, str] | None:
+    """After a max_lag decrease (`cap_trial`), the next full staleness window says whether it
+    lowered the staleness. Since a sampler reserves its place before a rollout
+    (`threaded.sampler`), a cap holds samplers back rather than wasting rollouts, so what it
+    costs is throughput, and it is kept only where it buys what it is for: a staleness made by
+    the lag falls with it (halving the lag lowered Hopper-v5's kl_staleness 4-5x,
+    `experiments/kl_controller.py`, the hopper task's grid). Where the decrease lowered the
+    lag bound by a factor f >= CAP_TRIAL_MIN (the cap, or where it was unlimited the largest lag
+    seen, over the new cap), a staleness that fell by less than sqrt(f) (half of it in log
+    terms, room for the windows' noise) is not the lag's (on the pendulum task's grid it did not fall from 6 samplers to 2: the
+    updates' drift within one version and the statistics' movement dominate) and the cap only
+    slows the run. Then max_lag goes back and its value (or, where it was unlimited, one over the
+    largest lag seen) becomes the floor of decreases for the next 4 x `limits.history`
+    iterations, which leaves refresh_lag and the learning rate to act (not for good: on the
+    synthetic plant of `tests/test_kl_control.py` a window's noise failed a decrease that halved
+    the lag). Returns None where the decrease is kept or there was no trial, else the state and
+    the verdict in words. A trial over which the learning rate moved (the staleness moves as
+    its square) is kept unjudged."""
+    if state.cap_trial is None:
+        return None
+    before, cap, lag_max, lr_scale = state.cap_trial
+    state = replace(state, cap_trial=None)
+    fall = cap_fall(cap, lag_max, state.knobs.max_lag)
+    if fall < CAP_TRIAL_MIN or lr_scale != state.lr_scale or mean <= before / fall ** 0.5:
+        return None
+    floor = lag_max + 1 if cap is None else cap
+    why = (f"max_lag {state.knobs.max_lag} did not lower the staleness ({before:.4g} -> {mean:.4g}, not under / "
+           f"{fall ** 0.5:.3g}): max_lag back to {cap}, {floor} the floor of decreases for {4 * limits.history} iterations")
+    knobs = replace(state.knobs, max_lag=cap)
+    return knobs_moved(replace(state, trial_floor=floor, trial_floor_left=4 * limits.history), knobs, 1), why
+
+
 def knobs_moved(state: ControllerState, knobs: LagKnobs, action: int) -> ControllerState:
     """`state` after a knob change: the new knobs, counted, a fresh staleness window, and the
-    learning rate's verdicts on the staleness (a trial, a hold) dropped with the old knobs."""
+    verdicts on the staleness (a trial, a hold) dropped with the old knobs."""
     return restart_window(replace(state, knobs=knobs, action=action, adjustments=state.adjustments + 1,
-                                  lr_off_staleness=0, lr_trial=None))
+                                  lr_off_staleness=0, lr_trial=None, cap_trial=None))
 
 
 def restart_window(state: ControllerState) -> ControllerState:
@@ -420,6 +470,10 @@ def staleness_step(
     mean = sum(state.kls) / len(state.kls)
     state = replace(state, kl_mean=mean)
     state, judged = judge_lr_trial(limits, state, mean)
+    undone = judge_cap_trial(limits, state, mean)
+    if undone is not None:
+        state, why = undone
+        return state, judged + why, False
     loosened = loosen_wasting_cap(limits, state)
     if loosened is not None:
         state, why = loosened
@@ -430,7 +484,7 @@ def staleness_step(
             state = replace(state, knobs=replace(state.knobs, refresh_lag=refresh_lag))
         return state, judged + why, False
     if mean > aim * KNOB_BAND:
-        knobs, action = decrease(state.knobs, state.lag_max, state.max_lag_floor), -1
+        knobs, action = decrease(state.knobs, state.lag_max, cap_floor(state)), -1
         compared = f"{mean:.4g} > aim {aim:.4g} x {KNOB_BAND:.3g}"
     elif mean < aim / KNOB_BAND:
         knobs, action = increase(limits, state.knobs, state.lag_max, sampler_rates), 1
@@ -441,7 +495,10 @@ def staleness_step(
         edge = "at their floor" if action < 0 else "at their configured values"
         return state, f"{judged}staleness {compared}, knobs {edge}", action < 0
     why = f"{judged}staleness {compared}: {describe_change(state.knobs, knobs)}"
-    return knobs_moved(state, knobs, action), why, False
+    moved = knobs_moved(state, knobs, action)
+    if action < 0 and knobs.max_lag != state.knobs.max_lag:  # a trial: the next window judges it (`judge_cap_trial`)
+        moved = replace(moved, cap_trial=(mean, state.knobs.max_lag, state.lag_max, state.lr_scale))
+    return moved, why, False
 
 
 def judge_update_trial(limits: ControllerLimits, state: ControllerState, update_kl: float) -> tuple[ControllerState, str]:
@@ -476,7 +533,7 @@ def raise_gain(limits: ControllerLimits, state: ControllerState) -> float:
     take what it adds). A raise that would push the staleness over its band is not made: at the
     floor the next window's staleness would take it back, a limit cycle of the two decisions
     (measured on the synthetic plant of `tests/test_kl_control.py`)."""
-    at_floor = decrease(state.knobs, state.lag_max, state.max_lag_floor) == state.knobs
+    at_floor = decrease(state.knobs, state.lag_max, cap_floor(state)) == state.knobs
     return LR_FACTOR ** 2 if at_floor else 1.0
 
 
@@ -563,7 +620,7 @@ def step(
         return replace(state, reason="no KL measured (nothing consumed): hold")
     history = (state.history + (tuple(float(x) for x in kl),))[-limits.history:]
     state = replace(state, history=history, lr_off_staleness=max(0, state.lr_off_staleness - 1),
-                    lr_off_update=max(0, state.lr_off_update - 1), kls=(state.kls + (float(kl.staleness),))[-limits.window:],
+                    lr_off_update=max(0, state.lr_off_update - 1), trial_floor_left=max(0, state.trial_floor_left - 1), kls=(state.kls + (float(kl.staleness),))[-limits.window:],
                     updates=(state.updates + (float(kl.update),))[-limits.window:])
     if len(history) < limits.window:
         return replace(state, reason=f"warm-up: {len(history)}/{limits.window} iterations")
@@ -618,6 +675,9 @@ def state_from_dict(data: Mapping[str, Any]) -> ControllerState:
         "updates": tuple(float(u) for u in data.get("updates", ())),
         "lr_trial": None if data.get("lr_trial") is None else tuple(float(x) for x in data["lr_trial"]),
         "update_trial": None if data.get("update_trial") is None else tuple(float(x) for x in data["update_trial"]),
+        "cap_trial": None if data.get("cap_trial") is None else (
+            float(data["cap_trial"][0]), None if data["cap_trial"][1] is None else int(data["cap_trial"][1]),
+            int(data["cap_trial"][2]), float(data["cap_trial"][3])),
     }
     for f in fields(ControllerState):
         if f.name not in values and f.name in data:

@@ -123,6 +123,7 @@ class RingBuffer:
         # Host mirrors of the device counters, so waiting never syncs with the device.
         self._size = 0
         self._consumers_waiting = 0  # consumers blocked in get_tagged (under the lock)
+        self._reserved = 0  # places reserved by producers making a chunk (`reserve`)
         self._tags: collections.deque = collections.deque()  # host-side tag per resident chunk, FIFO
         self._added = self._overwritten = self._taken = 0
         self.trace_counts = {"add": 0, "take": 0}
@@ -149,7 +150,8 @@ class RingBuffer:
 
     # -- producer / consumer ------------------------------------------------------------
     def put(self, chunk: Any, timeout: float | None = 1.0, tag: Any = None,
-            admit: Callable[[int, bool], bool] | None = None, timings: dict[str, float] | None = None) -> bool:
+            admit: Callable[[int, bool], bool] | None = None, timings: dict[str, float] | None = None,
+            reserved: bool = False) -> bool:
         """Add a chunk. False if the buffer is closed, ("block") no space came in `timeout` s, or
         `admit()` said no.
 
@@ -158,7 +160,8 @@ class RingBuffer:
         consumer_waiting)` is asked under the buffer's lock at the moment the chunk would go in
         (after any wait for space), with the chunks already resident and whether a consumer is
         blocked in `get` right now: a producer uses it to withhold a chunk that would be too
-        stale by the time it is consumed.
+        stale by the time it is consumed. `reserved`: the chunk holds a reservation (`reserve`),
+        which ends when it is written (a producer whose chunk is refused calls `release()`).
 
         `timings`, when given, gets this call's seconds added under three keys: `lock_s`
         (waiting to acquire the buffer's lock while other threads hold it), `space_s` (waiting
@@ -173,6 +176,8 @@ class RingBuffer:
             t_space = time.perf_counter() if self.full_policy == "block" else t_locked  # overwrite never waits
             admitted = has_space and not self._closed and (admit is None or admit(self._size, self._consumers_waiting > 0))
             if admitted:
+                if reserved:
+                    self._reserved = max(0, self._reserved - 1)
                 self._write(chunk, tag)
             if timings is not None:
                 t_end = time.perf_counter()
@@ -180,16 +185,28 @@ class RingBuffer:
                     timings[name] = timings.get(name, 0.0) + seconds
             return admitted
 
-    def wait_for_room(self, depth: int, timeout: float | None = 1.0) -> bool:
-        """Wait until fewer than `depth` chunks are resident: True then; False on timeout or
-        when the buffer is closed. (A producer with a freshness bound calls it before making a
-        chunk that would go in behind `depth` others: see `threaded.sampler_loop`.)"""
+    def reserve(self, depth: int, timeout: float | None = 1.0) -> bool:
+        """Wait until fewer than `depth` chunks are committed - resident, or reserved by producers
+        still making theirs - then reserve a place for one more: True then; False on timeout or
+        when the buffer is closed. The reservation ends at the producer's `put(...,
+        reserved=True)` that writes its chunk, or at its `release()`. (A producer with a
+        freshness bound reserves before making a chunk, so that the chunks in the making count
+        as well as those resident: see `threaded.sampler`.)"""
         deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
         with self._cond:
-            while not self._closed and self._size >= depth:
+            while not self._closed and self._size + self._reserved >= depth:
                 if not self._wait(deadline):
                     return False
-            return not self._closed
+            if self._closed:
+                return False
+            self._reserved += 1
+            return True
+
+    def release(self) -> None:
+        """Ends one reservation whose chunk will not be put (`reserve`); wakes the waiters."""
+        with self._cond:
+            self._reserved = max(0, self._reserved - 1)
+            self._cond.notify_all()
 
     def _wait_for_space(self, deadline: float | None) -> bool:
         """("block") Wait, holding the lock, until a slot is free; False on timeout. Always True for "overwrite_oldest"."""
@@ -259,6 +276,11 @@ class RingBuffer:
     @property
     def size(self) -> int:
         return self._size
+
+    @property
+    def reserved(self) -> int:
+        """Places reserved by producers still making their chunk (`reserve`)."""
+        return self._reserved
 
     @property
     def fill(self) -> float:

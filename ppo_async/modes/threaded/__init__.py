@@ -11,8 +11,9 @@ iteration, runs the pure PPO update on its placement (`runtime.placement.learner
 one device, data-parallel over `threaded.learner_devices`, or every process's; stale samples
 beyond `lag.max_lag` are dropped and counted) and publishes the new version. With a
 `lag.max_lag` and full_policy "block", a sampler starts a rollout only while fewer than
-`(max_lag + 1) * chunks_per_batch` chunks are resident (a chunk made behind more would be stale
-when consumed): the freshness bound is also the buffer's effective depth.
+`max(1, max_lag) * chunks_per_batch` chunks are committed - resident, or in the making by
+samplers that reserved a place (`RingBuffer.reserve`) - since a chunk made behind more would be
+stale when consumed: the freshness bound holds samplers back instead of discarding rollouts.
 
 `threaded.kl_target` turns on the online KL controller (`ppo_async.core.kl_control`): after
 each learner iteration it may pause or resume samplers and move `refresh_lag` and `max_lag`.

@@ -66,6 +66,7 @@ class Sampler:
         self.version = int(self.snapshot.version)
         self.last_refresh = time.perf_counter()
         self.paused = False
+        self.reserved = False  # holds a place in the buffer for the rollout it is making (`_no_room`)
         # barrier: the learner iteration (0-based) this sampler's next chunk is for
         self.next_iteration = shared.plan.first_iteration if shared.plan is not None else 0
 
@@ -96,6 +97,7 @@ class Sampler:
             self.force_refresh()  # the rollout just made is too stale: discarded (counted)
             return
         self.deliver(trajectory, made_at)
+        self._release()  # not put (the run stopped first): its place goes back
 
     def scheduled_step(self, plan: LagPlan) -> None:
         """One chunk of a barrier run: for the next learner iteration t, wait until the plan lets
@@ -186,7 +188,9 @@ class Sampler:
             shared.store, self.version, max_lag, shared.config.effective_chunks_per_batch)
         tag = ChunkTag(self.sampler_id, made_at - shared.start, self.version)
         while not shared.stop.is_set():
-            if shared.buffer.put(chunk, timeout=POLL_S, tag=tag, admit=gate, timings=stats.put_timings):
+            if shared.buffer.put(chunk, timeout=POLL_S, tag=tag, admit=gate, timings=stats.put_timings,
+                                 reserved=self.reserved):
+                self.reserved = False  # the put ended the reservation
                 stats.produced += shared.config.chunk_size
                 stats.heartbeat.beat()
                 return True
@@ -201,7 +205,14 @@ class Sampler:
         stats.produced += chunk_size
         stats.discarded += chunk_size
         stats.forced_refreshes += 1
+        self._release()
         self._take_latest()
+
+    def _release(self) -> None:
+        """Gives back the buffer place reserved for the rollout (if any) that will not be put."""
+        if self.reserved:
+            self.shared.buffer.release()
+            self.reserved = False
 
     def _take_latest(self) -> None:
         """The store's latest params if newer than the sampler's; the refresh clock restarts."""
@@ -224,19 +235,26 @@ class Sampler:
 
     def _no_room(self, knobs: kl_control.LagKnobs) -> bool:
         """With a freshness bound (`max_lag`, full_policy "block"): True after waiting one POLL_S
-        slice while `(max_lag + 1) * chunks_per_batch` chunks are resident. A chunk made now
-        goes in behind them and would be too stale when consumed: the sampler waits for room
-        instead of making it (counted as waiting for space). overwrite_oldest never waits: its
-        new chunks replace old ones."""
+        slice while max(1, max_lag) x chunks_per_batch chunks are committed - resident, or in the
+        making by samplers that reserved a place (`RingBuffer.reserve`) - else reserves a place
+        for the rollout about to be made. A chunk made behind that many would be about max_lag
+        versions old when consumed: each committed chunk ahead of it costs the learner 1 /
+        chunks_per_batch of an update, whether it waits in the buffer (the samplers out-produce
+        the learner) or is still being made (rollouts span several learner iterations). So the
+        sampler waits instead of making a rollout the freshness gate would discard (counted as
+        waiting for space). Before in-flight rollouts counted, 8 samplers on Hopper-v5 with 5 ms
+        per env step had a mean lag of ~8 under a max_lag of 2 and the gate discarded the
+        rollouts over it (`experiments/kl_controller.py`, the hopper task). overwrite_oldest
+        never waits: its new chunks replace old ones."""
         tcfg = self.shared.config.threaded
         if tcfg.barrier or knobs.max_lag is None or tcfg.full_policy != "block":
             return False
         t0 = time.perf_counter()
         self.stats.enter("put", WAIT)
-        room = self.shared.buffer.wait_for_room((knobs.max_lag + 1) * self.shared.config.effective_chunks_per_batch,
-                                                timeout=POLL_S)
+        depth = max(1, knobs.max_lag) * self.shared.config.effective_chunks_per_batch
+        self.reserved = self.shared.buffer.reserve(depth, timeout=POLL_S)
         self.stats.put_timings["space_s"] += time.perf_counter() - t0
-        return not room
+        return not self.reserved
 
     def _env_latency(self) -> float:
         """Sleeps the simulated env latency of one rollout (outside the GIL; wakes at once on
