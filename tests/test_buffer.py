@@ -308,6 +308,26 @@ def test_param_store_version_monotonic():
     assert store.latest_version() == 2
 
 
+def test_param_store_version_rate_over_its_last_publishes_until_now():
+    """Versions per second over the last RATE_WINDOW publishes, measured to now (a clock set by
+    hand): 0 before two publishes; a learner that stops publishing reads as slowing down."""
+    now = [0.0]
+    store = ParamStore(clock=lambda: now[0])
+    assert store.version_rate() == 0.0
+    store.publish(snap(0))
+    assert store.version_rate() == 0.0
+    for v in range(1, 5):  # every 0.5 s
+        now[0] += 0.5
+        store.publish(snap(v))
+    assert store.version_rate() == pytest.approx(4 / 2.0)
+    now[0] += 2.0  # no publish for 2 s
+    assert store.version_rate() == pytest.approx(4 / 4.0)
+    for v in range(5, 5 + 2 * ParamStore.RATE_WINDOW):  # 10 a second since
+        now[0] += 0.1
+        store.publish(snap(v))
+    assert store.version_rate() == pytest.approx(ParamStore.RATE_WINDOW / (0.1 * ParamStore.RATE_WINDOW))
+
+
 def test_param_store_get_if_newer():
     store = ParamStore()
     assert store.get_if_newer(None) is None

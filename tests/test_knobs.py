@@ -304,6 +304,25 @@ def test_block_with_max_lag_holds_samplers_back_instead_of_making_stale_rollouts
     assert published >= 0.95 * len(rows), (published, len(rows))
 
 
+def test_a_straggler_whose_rollouts_would_be_stale_waits_instead_of_making_them():
+    """max_lag 1 with two fast samplers and one whose rollouts take 0.8 s (50 ms per env step):
+    the learner publishes many versions during one of them, so after its first rollout (made
+    before its duration was known) the straggler holds back - its rollout seconds x the
+    learner's versions per second stay over max_lag - instead of making rollouts the freshness
+    gate would discard."""
+    config = pa.Config(env="Pendulum-v1", mode="threaded", total_env_steps=64 * 60, seed=3,
+                       rollout=Ro(num_envs=4, num_steps=16), ppo=PPO(num_minibatches=2, num_epochs=1), lag=Lag(max_lag=1),
+                       num_samplers=3, threaded=Th(buffer_capacity=64 * 4, full_policy="block",
+                                                   sampler_step_latency_ms=(0.0, 0.0, 50.0)))
+    rows = pa.train(config).metrics
+    last = rows[-1]
+    assert last["sampler_forced_refreshes"][2] <= 1, last["sampler_forced_refreshes"]
+    assert last["sampler_latency_s"][2] <= 2 * 0.8 * 1.01  # at most two rollouts made
+    assert last["sampler_wait_space_s"][2] > 0.0
+    assert last["dropped_forced_refresh"] <= 0.1 * last["samples_produced"], last["dropped_forced_refresh"]
+    assert last["dropped_stale_total"] == 0 and all(sum(r["lag_histogram"][2:]) == 0 for r in rows)
+
+
 def test_a_sampler_stuck_in_the_env_is_named_in_a_timeout_error(monkeypatch, tmp_path):
     import threading
 

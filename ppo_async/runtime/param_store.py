@@ -27,7 +27,10 @@ class ParamStore:
     """Holds the latest `PolicySnapshot` and the `history - 1` before it; every blocking call
     takes a timeout."""
 
-    def __init__(self, snapshot: PolicySnapshot | None = None, history: int = 1):
+    RATE_WINDOW = 16
+    """Publishes `version_rate` measures over (the last RATE_WINDOW + 1 publish instants)."""
+
+    def __init__(self, snapshot: PolicySnapshot | None = None, history: int = 1, clock: Any = time.monotonic):
         if int(history) < 1:
             raise ValueError(f"history = {history} is invalid: must be >= 1 (the latest snapshot)")
         self._cond = threading.Condition(threading.Lock())
@@ -38,6 +41,8 @@ class ParamStore:
         self._ring: collections.OrderedDict[int, PolicySnapshot] = collections.OrderedDict()
         self._closed = False
         self.publish_count = 0
+        self._clock = clock
+        self._published_at: collections.deque[float] = collections.deque(maxlen=self.RATE_WINDOW + 1)
         # Copies of held snapshots placed on sampler devices, made once per (version,
         # device) under `_place_lock`: samplers on one device share a copy, and no two threads
         # reshard the same arrays at once (seen to fail inside jax.device_put with a snapshot
@@ -61,7 +66,18 @@ class ParamStore:
             while len(self._ring) > self.history:  # the ring keeps the last `history` versions only
                 self._ring.popitem(last=False)
             self.publish_count += 1
+            self._published_at.append(self._clock())
             self._cond.notify_all()
+
+    def version_rate(self) -> float:
+        """Versions published per second lately: the last RATE_WINDOW publishes (fewer early in a
+        run) over the time from the first of them to now, so a learner that stops publishing
+        reads as slowing down; 0.0 before two publishes."""
+        with self._cond:
+            times, now = tuple(self._published_at), self._clock()
+        if len(times) < 2 or now <= times[0]:
+            return 0.0
+        return (len(times) - 1) / (now - times[0])
 
     def latest_version(self) -> int | None:
         """Version of the latest snapshot, None before the first publish."""

@@ -67,6 +67,7 @@ class Sampler:
         self.last_refresh = time.perf_counter()
         self.paused = False
         self.reserved = False  # holds a place in the buffer for the rollout it is making (`_no_room`)
+        self.rollout_s = 0.0  # seconds a rollout of this sampler takes (EWMA, simulated latency included)
         # barrier: the learner iteration (0-based) this sampler's next chunk is for
         self.next_iteration = shared.plan.first_iteration if shared.plan is not None else 0
 
@@ -173,6 +174,8 @@ class Sampler:
         stats.rollout_s += made_at - t0
         if self.latency_ms > 0:
             made_at = self._env_latency()
+        seconds = made_at - t0
+        self.rollout_s = seconds if self.rollout_s == 0.0 else 0.5 * (self.rollout_s + seconds)
         return trajectory, made_at
 
     def deliver(self, trajectory: Any, made_at: float) -> bool:
@@ -235,24 +238,36 @@ class Sampler:
 
     def _no_room(self, knobs: kl_control.LagKnobs) -> bool:
         """With a freshness bound (`max_lag`, full_policy "block"): True after waiting one POLL_S
-        slice while max(1, max_lag) x chunks_per_batch chunks are committed - resident, or in the
-        making by samplers that reserved a place (`RingBuffer.reserve`) - else reserves a place
-        for the rollout about to be made. A chunk made behind that many would be about max_lag
-        versions old when consumed: each committed chunk ahead of it costs the learner 1 /
-        chunks_per_batch of an update, whether it waits in the buffer (the samplers out-produce
-        the learner) or is still being made (rollouts span several learner iterations). So the
-        sampler waits instead of making a rollout the freshness gate would discard (counted as
-        waiting for space). Before in-flight rollouts counted, 8 samplers on Hopper-v5 with 5 ms
-        per env step had a mean lag of ~8 under a max_lag of 2 and the gate discarded the
-        rollouts over it (`experiments/kl_controller.py`, the hopper task). overwrite_oldest
-        never waits: its new chunks replace old ones."""
+        slice while a rollout started now would be staler than max_lag when consumed, else
+        reserves a place in the buffer for it. A chunk's lag is the learner's updates between
+        the snapshot that made it and its consumption, which come from two places:
+
+        - the chunks committed ahead of it, each 1 / chunks_per_batch of an update: at most
+          max(1, max_lag) x chunks_per_batch may be committed - resident, or in the making by
+          samplers that reserved a place (`RingBuffer.reserve`) - which bounds the lag where the
+          samplers out-produce the learner;
+        - the updates made while it is being made: this sampler's rollout seconds x the
+          learner's versions per second (`ParamStore.version_rate`) must not pass max_lag, which
+          bounds the lag where rollouts span several learner iterations and holds back a
+          straggler whose rollouts would all be stale (the learner slows as samplers hold back,
+          so a sampler waits only while the others keep it busy).
+
+        So the sampler waits (counted as waiting for space) instead of making a rollout the
+        freshness gate would discard. Before it did, 8 samplers on Hopper-v5 with 5 ms per env
+        step had a mean lag of ~8 whatever the buffer and a max_lag could only discard
+        (`experiments/kl_controller.py`, the hopper task). overwrite_oldest never waits: its new
+        chunks replace old ones."""
         tcfg = self.shared.config.threaded
         if tcfg.barrier or knobs.max_lag is None or tcfg.full_policy != "block":
             return False
         t0 = time.perf_counter()
         self.stats.enter("put", WAIT)
-        depth = max(1, knobs.max_lag) * self.shared.config.effective_chunks_per_batch
-        self.reserved = self.shared.buffer.reserve(depth, timeout=POLL_S)
+        if self.rollout_s * self.shared.store.version_rate() > knobs.max_lag:
+            self.shared.stop.wait(min(POLL_S, self.rollout_s / 8))  # the rate is measured again soon
+            self.reserved = False
+        else:
+            depth = max(1, knobs.max_lag) * self.shared.config.effective_chunks_per_batch
+            self.reserved = self.shared.buffer.reserve(depth, timeout=POLL_S)
         self.stats.put_timings["space_s"] += time.perf_counter() - t0
         return not self.reserved
 
