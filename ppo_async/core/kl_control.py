@@ -332,7 +332,10 @@ def loosen_wasting_cap(limits: ControllerLimits, state: ControllerState) -> tupl
     """Where a max_lag the controller set wasted more than WASTE_MAX of the window's samples
     (its lag is in flight - rollouts span that many versions - not in the buffer, so the cap
     throws rollouts away instead of holding samplers back): max_lag + 1, and that value becomes
-    the floor of later decreases. None where the cap is the configured one or wasted less."""
+    the floor of later decreases. None where the cap is the configured one or wasted less. Not
+    asked in the window right after a decrease (`staleness_step`): what the samplers had
+    committed before it is flushed there - 47% of the first window after max_lag None -> 3 on
+    the hopper task, which made 4 the floor of the run while its steady waste was ~5%."""
     cap = state.knobs.max_lag
     waste = waste_fraction(state)
     if cap is None or cap == limits.max_lag or waste <= WASTE_MAX:
@@ -470,11 +473,14 @@ def staleness_step(
     mean = sum(state.kls) / len(state.kls)
     state = replace(state, kl_mean=mean)
     state, judged = judge_lr_trial(limits, state, mean)
+    trial = state.cap_trial
     undone = judge_cap_trial(limits, state, mean)
     if undone is not None:
         state, why = undone
         return state, judged + why, False
-    loosened = loosen_wasting_cap(limits, state)
+    if trial is not None:  # kept: its window's waste was the flush of what was made before it
+        state = replace(state, cap_trial=None, window_produced=0, window_wasted=0)
+    loosened = None if trial is not None else loosen_wasting_cap(limits, state)
     if loosened is not None:
         state, why = loosened
         if mean > aim * KNOB_BAND and state.knobs.refresh_lag > 1:  # the cap's loosening leaves refresh_lag free to fall
