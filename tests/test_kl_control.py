@@ -252,7 +252,8 @@ def test_a_cap_that_does_not_lower_the_staleness_goes_back_for_a_while():
     pendulum task, where it did not fall from 6 samplers to 2): the decrease is undone, its cap
     (one over the largest lag seen, where it was unlimited) is the floor of decreases for
     4 x history iterations - refresh_lag and then the learning rate act meanwhile - and after
-    that a decrease is tried again. A trial over which the learning rate moved is kept unjudged."""
+    that a decrease is tried again. Where the learning rate moved over the trial, the staleness
+    before is scaled by the square of its factor."""
     limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
     states = run(limits, [parts(0.016, 0.004)] * 6)
     assert [s.action for s in states] == [0, -1, 0, 1, 0, 0]
@@ -264,9 +265,12 @@ def test_a_cap_that_does_not_lower_the_staleness_goes_back_for_a_while():
     later = run(limits, [parts(0.016, 0.004)] * 2, state=replace(states[5], trial_floor_left=1, lr_trial=None,
                                                                   lr_off_staleness=0, kls=()))
     assert later[1].knobs.max_lag == 2 and later[1].cap_trial is not None  # the floor expired: tried again
+    # the learning rate fell by LR_FACTOR over the trial: 0.016 before counts as 0.016 / 2.25
     moved = replace(states[1], lr_scale=states[1].lr_scale / LR_FACTOR)
-    kept = run(limits, [parts(0.016, 0.004)] * 2, state=moved)
-    assert kept[1].knobs.max_lag == 1 and "did not lower" not in kept[1].reason
+    kept = run(limits, [parts(0.016 / LR_FACTOR ** 2 / 2 ** 0.5 * 0.99, 0.008)] * 2, state=moved)  # the rate holds
+    assert "did not lower" not in kept[1].reason and kept[1].knobs.max_lag == 3  # kept, then under its band: + 1
+    undone = run(limits, [parts(0.016 / LR_FACTOR ** 2 / 2 ** 0.5 * 1.01, 0.008)] * 2, state=moved)
+    assert undone[1].knobs.max_lag is None and "did not lower the staleness (0.007111 -> 0.005079" in undone[1].reason
 
 
 def test_update_over_its_band_lowers_the_learning_rate_to_its_bound():

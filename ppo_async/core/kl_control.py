@@ -35,27 +35,31 @@ throughput, on the mean `kl_staleness` of the `window` iterations since its last
   filter), max_lag + 1, and that value is the floor of every later decrease (refresh_lag still
   halves in the same decision where the staleness is over its band: before it did, each
   loosening cost refresh_lag a window, and on the plant of issue 42's Pendulum setting it
-  reached 1 at iteration 39 instead of 15). Such a cap binds
-  on the lag in flight (each rollout spans that many learner versions: the learner iterates
-  faster than a sampler makes a rollout), not on the buffer's residency, so it throws rollouts
-  away instead of holding samplers back. Measured (`experiments/kl_controller.py`, Pendulum-v1,
-  6 samplers, one 4x straggler, 1 ms per env step, target 0.008): without the check the ladder
-  ran max_lag down to 1, where 64 ms rollouts against a ~13 ms learner iteration were mostly
-  discarded - 17.9k env steps/s against 79k for the same samplers uncontrolled - and the few
-  fresh samples left per batch made each update noisier (kl_update 0.002-0.01 at a learning
-  rate 0.04-0.13x, where a run configured at 0.03x measures ~1e-6);
+  reached 1 at iteration 39 instead of 15); not in the window right after a decrease, where
+  what was committed before it is flushed (`loosen_wasting_cap`). With full_policy "block" a
+  sampler starts a rollout only where it will be fresh when consumed (`threaded.sampler`:
+  the chunks committed ahead of it, and its rollout seconds x the learner's versions per
+  second, within max_lag), so a cap holds samplers back and wastes little; the check is for
+  what still is (full_policy "overwrite_oldest", whose samplers never wait, and rollouts
+  begun before a cap). Measured before samplers held back (`experiments/kl_controller.py`,
+  Pendulum-v1, 6 samplers, one 4x straggler, 1 ms per env step, target 0.008): without the
+  check the ladder ran max_lag down to 1, where 64 ms rollouts against a ~13 ms learner
+  iteration were mostly discarded - 17.9k env steps/s against 79k for the same samplers
+  uncontrolled - and the few fresh samples left per batch made each update noisier;
 
   decrease (window mean > staleness aim x KNOB_BAND):
     1. both cheap knobs at once, where they can still move:
        refresh_lag  <- max(1, refresh_lag // 2)   samplers refresh more often (costs a params pull)
        max_lag      <- max(1, floor, min(max_lag, lag_max seen) // 2)
-                                                  samplers hold back (with full_policy "block")
-                                                  or discard what would be staler, the learner
-                                                  drops it: it bounds the buffer's effective
-                                                  length, so where the lag is buffer residency
-                                                  (samplers out-produce the learner) it costs no
-                                                  throughput; elsewhere it wastes rollouts (the
-                                                  waste check above)
+                                                  samplers hold back (full_policy "block"):
+                                                  where the lag is buffer residency (samplers
+                                                  out-produce the learner) it costs no
+                                                  throughput, where it is in flight (rollouts
+                                                  span several learner iterations) it costs
+                                                  throughput, so each decrease is a trial
+                                                  (`judge_cap_trial`): kept where the next
+                                                  window's staleness fell with the lag bound,
+                                                  else undone for 4 x `history` iterations
     2. when neither can (refresh_lag 1, max_lag at its floor): the learning rate / LR_FACTOR
        (the staleness left is what the updates made while the samples were in flight, which
        only a smaller update lowers), and the window starts again. It is a trial
@@ -406,14 +410,18 @@ def judge_cap_trial(limits: ControllerLimits, state: ControllerState, mean: floa
     iterations, which leaves refresh_lag and the learning rate to act (not for good: on the
     synthetic plant of `tests/test_kl_control.py` a window's noise failed a decrease that halved
     the lag). Returns None where the decrease is kept or there was no trial, else the state and
-    the verdict in words. A trial over which the learning rate moved (the staleness moves as
-    its square) is kept unjudged."""
+    the verdict in words. Where the learning rate moved over the trial, the staleness before is
+    scaled by the square of its factor (a staleness the updates make moves as the square of the
+    step): kept unjudged instead, the trials on the pendulum task at 0.008 were kept where a
+    learning-rate change fell in their window and held max_lag at 1 for 150 iterations, the
+    run at 17k env steps/s against 74k."""
     if state.cap_trial is None:
         return None
     before, cap, lag_max, lr_scale = state.cap_trial
     state = replace(state, cap_trial=None)
     fall = cap_fall(cap, lag_max, state.knobs.max_lag)
-    if fall < CAP_TRIAL_MIN or lr_scale != state.lr_scale or mean <= before / fall ** 0.5:
+    before *= (state.lr_scale / lr_scale) ** 2  # what the learning rate moved meanwhile would have made of it
+    if fall < CAP_TRIAL_MIN or mean <= before / fall ** 0.5:
         return None
     floor = lag_max + 1 if cap is None else cap
     why = (f"max_lag {state.knobs.max_lag} did not lower the staleness ({before:.4g} -> {mean:.4g}, not under / "
