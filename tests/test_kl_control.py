@@ -94,7 +94,8 @@ def test_holds_the_iterations_from_a_bad_setting_with_a_straggler():
     assert np.mean(post <= 1.25 * 0.008) >= 0.8
     final = states[-1]
     assert final.knobs.refresh_lag == 1  # the cheapest rung went first
-    assert final.knobs.max_lag is not None and final.knobs.max_lag <= 4  # then the buffer's effective length
+    # then the buffer's effective length (a trial a window's noise failed may hold the cap before it for a while)
+    assert final.knobs.max_lag is not None and final.knobs.max_lag <= 6
     assert plant.throughput(final.knobs) == 1.0  # the lag was residency: capping it cost no throughput
     assert final.lr_scale < 1.0 and final.lr_adjustments > 0  # the update part needed the learning rate
     assert 1.0 < final.aims.margin < 3.0
@@ -237,36 +238,38 @@ def test_holds_when_both_parts_are_inside():
 def test_staleness_over_its_band_lowers_the_knobs_and_holds_the_learning_rate():
     """The knobs go down; the learning rate is not raised while the staleness is over its band,
     even though the update part is under its own (a larger step makes the next samples staler).
-    The staleness falls with the cap (0.03 at lag 4, 0.02 at max_lag 2: by more than
-    sqrt(4 / 2)), so the cap's trial keeps it."""
+    The window after a max_lag decrease is its flush (held, not judged); the next one judges
+    it: the staleness fell with the cap (0.03 at lag 4, 0.02 at max_lag 2: by more than
+    sqrt(4 / 2)), so the trial keeps it and the knobs go down again."""
     limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
-    states = run(limits, [parts(0.03, 0.004)] * 2 + [parts(0.02, 0.004)] * 2)
-    assert [s.action for s in states] == [0, -1, 0, -1]  # a decision per full window
-    assert states[1].knobs == LagKnobs((True, True), 1, 2) and states[3].knobs == LagKnobs((True, True), 1, 1)
-    assert states[1].cap_trial == (0.03, None, 4, 1.0) and states[3].cap_trial == (0.02, 2, 4, 1.0)
+    states = run(limits, [parts(0.03, 0.004)] * 4 + [parts(0.02, 0.004)] * 2)
+    assert [s.action for s in states] == [0, -1, 0, 0, 0, -1]  # a decision per full window
+    assert "the next window judges the cap" in states[3].reason and states[3].cap_trial == (0.03, None, 4, 1.0, True)
+    assert states[1].knobs == LagKnobs((True, True), 1, 2) and states[5].knobs == LagKnobs((True, True), 1, 1)
+    assert states[1].cap_trial == (0.03, None, 4, 1.0, False) and states[5].cap_trial == (0.02, 2, 4, 1.0, False)
     assert all(s.lr_scale == 1.0 and s.lr_action == 0 for s in states)
 
 
 def test_a_cap_that_does_not_lower_the_staleness_goes_back_for_a_while():
     """A staleness that is not the lag's (0.016 at lag 4 and under max_lag 2: the plant of the
-    pendulum task, where it did not fall from 6 samplers to 2): the decrease is undone, its cap
-    (one over the largest lag seen, where it was unlimited) is the floor of decreases for
-    4 x history iterations - refresh_lag and then the learning rate act meanwhile - and after
-    that a decrease is tried again. Where the learning rate moved over the trial, the staleness
-    before is scaled by the square of its factor."""
+    pendulum task, where it did not fall from 6 samplers to 2): after the flush window the
+    decrease is undone, its cap (one over the largest lag seen, where it was unlimited) is the
+    floor of decreases for 4 x history iterations - refresh_lag and then the learning rate act
+    meanwhile - and after that a decrease is tried again. Where the learning rate moved over the
+    trial, the staleness before is scaled by the square of its factor."""
     limits = ControllerLimits(target=0.02, window=2, num_samplers=2, refresh_lag=2, max_lag=None)
-    states = run(limits, [parts(0.016, 0.004)] * 6)
-    assert [s.action for s in states] == [0, -1, 0, 1, 0, 0]
+    states = run(limits, [parts(0.016, 0.004)] * 8)
+    assert [s.action for s in states] == [0, -1, 0, 0, 0, 1, 0, 0]
     assert states[1].knobs == LagKnobs((True, True), 1, 2)
-    assert states[3].knobs == LagKnobs((True, True), 1, None) and states[3].trial_floor == 5
-    assert "max_lag 2 did not lower the staleness (0.016 -> 0.016, not under / 1.41): max_lag back to None" in states[3].reason
-    assert "knobs at their floor" in states[5].reason and states[5].lr_action == -1  # the learning rate's turn
-    assert kl_control.cap_floor(states[5]) == 5 and states[5].trial_floor_left == 4 * limits.history - 2
-    later = run(limits, [parts(0.016, 0.004)] * 2, state=replace(states[5], trial_floor_left=1, lr_trial=None,
+    assert states[5].knobs == LagKnobs((True, True), 1, None) and states[5].trial_floor == 5
+    assert "max_lag 2 did not lower the staleness (0.016 -> 0.016, not under / 1.41): max_lag back to None" in states[5].reason
+    assert "knobs at their floor" in states[7].reason and states[7].lr_action == -1  # the learning rate's turn
+    assert kl_control.cap_floor(states[7]) == 5 and states[7].trial_floor_left == 4 * limits.history - 2
+    later = run(limits, [parts(0.016, 0.004)] * 2, state=replace(states[7], trial_floor_left=1, lr_trial=None,
                                                                   lr_off_staleness=0, kls=()))
     assert later[1].knobs.max_lag == 2 and later[1].cap_trial is not None  # the floor expired: tried again
     # the learning rate fell by LR_FACTOR over the trial: 0.016 before counts as 0.016 / 2.25
-    moved = replace(states[1], lr_scale=states[1].lr_scale / LR_FACTOR)
+    moved = replace(states[3], lr_scale=states[3].lr_scale / LR_FACTOR, updates=())
     kept = run(limits, [parts(0.016 / LR_FACTOR ** 2 / 2 ** 0.5 * 0.99, 0.008)] * 2, state=moved)  # the rate holds
     assert "did not lower" not in kept[1].reason and kept[1].knobs.max_lag == 3  # kept, then under its band: + 1
     undone = run(limits, [parts(0.016 / LR_FACTOR ** 2 / 2 ** 0.5 * 1.01, 0.008)] * 2, state=moved)
@@ -371,7 +374,7 @@ def test_no_limit_cycle_at_the_knobs_floor_on_the_pendulum_plant():
     for seed in range(3):
         plant = Plant(rates=[0.15] * 5 + [0.0375], update=0.011, seed=seed)
         kls, states = drive(plant, limits, 290)
-        assert next(i for i, s in enumerate(states) if s.knobs.refresh_lag == 1) <= 16
+        assert next(i for i, s in enumerate(states) if s.knobs.refresh_lag == 1) <= 24  # 3 windows: one is a cap's flush
         first_loosened = next(i for i, s in enumerate(states) if "wasted" in s.reason)
         assert states[first_loosened - 1].knobs.refresh_lag == 1 and states[first_loosened - 1].cap_trial is None
         assert states[-1].lr_adjustments - states[58].lr_adjustments <= 6  # the limit cycle made 23-29

@@ -32,20 +32,14 @@ throughput, on the mean `kl_staleness` of the `window` iterations since its last
 
   first, the waste check: where a max_lag the controller set wasted more than WASTE_MAX of
   what the samplers made in the window (discarded by forced refreshes, dropped by the stale
-  filter), max_lag + 1, and that value is the floor of every later decrease (refresh_lag still
-  halves in the same decision where the staleness is over its band: before it did, each
-  loosening cost refresh_lag a window, and on the plant of issue 42's Pendulum setting it
-  reached 1 at iteration 39 instead of 15); not in the window right after a decrease, where
-  what was committed before it is flushed (`loosen_wasting_cap`). With full_policy "block" a
-  sampler starts a rollout only where it will be fresh when consumed (`threaded.sampler`:
-  the chunks committed ahead of it, and its rollout seconds x the learner's versions per
-  second, within max_lag), so a cap holds samplers back and wastes little; the check is for
-  what still is (full_policy "overwrite_oldest", whose samplers never wait, and rollouts
-  begun before a cap). Measured before samplers held back (`experiments/kl_controller.py`,
-  Pendulum-v1, 6 samplers, one 4x straggler, 1 ms per env step, target 0.008): without the
-  check the ladder ran max_lag down to 1, where 64 ms rollouts against a ~13 ms learner
-  iteration were mostly discarded - 17.9k env steps/s against 79k for the same samplers
-  uncontrolled - and the few fresh samples left per batch made each update noisier;
+  filter), max_lag + 1, and that value is the floor of every later decrease (`loosen_wasting_cap`;
+  refresh_lag still halves in the same decision where the staleness is over its band). With
+  full_policy "block" a sampler starts a rollout only where it will be fresh when consumed
+  (`threaded.sampler`), so a cap holds samplers back and wastes little; the check is for what
+  still is (full_policy "overwrite_oldest", rollouts begun before a cap). Measured before
+  samplers held back (`experiments/kl_controller.py`, Pendulum-v1, 6 samplers, one 4x
+  straggler, target 0.008): without the check the ladder ran max_lag down to 1 and discarded
+  most rollouts - 17.9k env steps/s against 79k for the same samplers uncontrolled;
 
   decrease (window mean > staleness aim x KNOB_BAND):
     1. both cheap knobs at once, where they can still move:
@@ -268,7 +262,7 @@ class ControllerState:
     lr_off_staleness: int = 0  # iterations the learning rate still leaves the staleness alone (a decrease at the floor did not lower it)
     update_trial: tuple[float, float] | None = None  # (kl_update window mean, lr scale) before a decrease for the update part, until judged
     lr_off_update: int = 0  # iterations the learning rate still leaves the update part alone (a decrease did not lower it)
-    cap_trial: tuple[float, int | None, int, float] | None = None  # (staleness window mean, max_lag, largest lag, lr scale) before a max_lag decrease, until judged
+    cap_trial: tuple[float, int | None, int, float, bool] | None = None  # (staleness window mean, max_lag, largest lag, lr scale) before a max_lag decrease, and whether its flush window has passed; until judged
     trial_floor: int = 1  # the floor a failed max_lag trial set (`judge_cap_trial`), for `trial_floor_left` iterations
     trial_floor_left: int = 0
 
@@ -395,29 +389,25 @@ def cap_floor(state: ControllerState) -> int:
 
 
 def judge_cap_trial(limits: ControllerLimits, state: ControllerState, mean: float) -> tuple[ControllerState, str] | None:
-    """After a max_lag decrease (`cap_trial`), the next full staleness window says whether it
-    lowered the staleness. Since a sampler reserves its place before a rollout
-    (`threaded.sampler`), a cap holds samplers back rather than wasting rollouts, so what it
-    costs is throughput, and it is kept only where it buys what it is for: a staleness made by
-    the lag falls with it (halving the lag lowered Hopper-v5's kl_staleness 4-5x,
-    `experiments/kl_controller.py`, the hopper task's grid). Where the decrease lowered the
-    lag bound by a factor f >= CAP_TRIAL_MIN (the cap, or where it was unlimited the largest lag
-    seen, over the new cap), a staleness that fell by less than sqrt(f) (half of it in log
-    terms, room for the windows' noise) is not the lag's (on the pendulum task's grid it did not fall from 6 samplers to 2: the
-    updates' drift within one version and the statistics' movement dominate) and the cap only
-    slows the run. Then max_lag goes back and its value (or, where it was unlimited, one over the
-    largest lag seen) becomes the floor of decreases for the next 4 x `limits.history`
-    iterations, which leaves refresh_lag and the learning rate to act (not for good: on the
-    synthetic plant of `tests/test_kl_control.py` a window's noise failed a decrease that halved
-    the lag). Returns None where the decrease is kept or there was no trial, else the state and
-    the verdict in words. Where the learning rate moved over the trial, the staleness before is
-    scaled by the square of its factor (a staleness the updates make moves as the square of the
-    step): kept unjudged instead, the trials on the pendulum task at 0.008 were kept where a
-    learning-rate change fell in their window and held max_lag at 1 for 150 iterations, the
-    run at 17k env steps/s against 74k."""
+    """After a max_lag decrease (`cap_trial`), the second full staleness window after it says
+    whether it lowered the staleness (the first holds samples made before it: judged on it, a
+    decrease 3 -> 1 on the hopper task read 0.024 against the 0.006-0.010 its cap held later).
+    A cap holds samplers back (`threaded.sampler`), so it costs throughput, and it is kept only
+    where it buys what it is for: a staleness the lag makes falls with it (halving the lag
+    lowered Hopper-v5's 4-5x; Pendulum-v1's did not fall from 6 samplers to 2, the task grids of
+    `experiments/kl_controller.py`). Where the lag bound fell by f >= CAP_TRIAL_MIN (from the
+    cap, or the largest lag seen where it was unlimited), a staleness that fell by less than
+    sqrt(f) (half of it in log terms: room for the windows' noise) is not the lag's: max_lag
+    goes back, and that cap (one over the largest lag seen, for unlimited) is the floor of
+    decreases for 4 x `limits.history` iterations (not for good: the windows' noise fails a
+    trial now and then on the synthetic plant of `tests/test_kl_control.py`). The staleness
+    before is scaled by the square of any learning-rate change over the trial (kept unjudged
+    instead, such trials held max_lag at 1 for 150 iterations on the pendulum task at 0.008,
+    17k env steps/s against 74k). Returns None where the decrease is kept or there was no
+    trial, else the state and the verdict in words."""
     if state.cap_trial is None:
         return None
-    before, cap, lag_max, lr_scale = state.cap_trial
+    before, cap, lag_max, lr_scale, _ = state.cap_trial
     state = replace(state, cap_trial=None)
     fall = cap_fall(cap, lag_max, state.knobs.max_lag)
     before *= (state.lr_scale / lr_scale) ** 2  # what the learning rate moved meanwhile would have made of it
@@ -482,6 +472,10 @@ def staleness_step(
     state = replace(state, kl_mean=mean)
     state, judged = judge_lr_trial(limits, state, mean)
     trial = state.cap_trial
+    if trial is not None and not trial[4]:  # the window after the decrease: a flush, not the cap's
+        state = restart_window(replace(state, cap_trial=trial[:4] + (True,)))
+        return state, (f"{judged}staleness {mean:.4g} in the window after a max_lag decrease (what was made before "
+                       f"it, flushed): the next window judges the cap"), False
     undone = judge_cap_trial(limits, state, mean)
     if undone is not None:
         state, why = undone
@@ -511,7 +505,7 @@ def staleness_step(
     why = f"{judged}staleness {compared}: {describe_change(state.knobs, knobs)}"
     moved = knobs_moved(state, knobs, action)
     if action < 0 and knobs.max_lag != state.knobs.max_lag:  # a trial: the next window judges it (`judge_cap_trial`)
-        moved = replace(moved, cap_trial=(mean, state.knobs.max_lag, state.lag_max, state.lr_scale))
+        moved = replace(moved, cap_trial=(mean, state.knobs.max_lag, state.lag_max, state.lr_scale, False))
     return moved, why, False
 
 
@@ -691,7 +685,7 @@ def state_from_dict(data: Mapping[str, Any]) -> ControllerState:
         "update_trial": None if data.get("update_trial") is None else tuple(float(x) for x in data["update_trial"]),
         "cap_trial": None if data.get("cap_trial") is None else (
             float(data["cap_trial"][0]), None if data["cap_trial"][1] is None else int(data["cap_trial"][1]),
-            int(data["cap_trial"][2]), float(data["cap_trial"][3])),
+            int(data["cap_trial"][2]), float(data["cap_trial"][3]), bool(data["cap_trial"][4])),
     }
     for f in fields(ControllerState):
         if f.name not in values and f.name in data:
