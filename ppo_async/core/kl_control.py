@@ -262,7 +262,7 @@ class ControllerState:
     lr_off_staleness: int = 0  # iterations the learning rate still leaves the staleness alone (a decrease at the floor did not lower it)
     update_trial: tuple[float, float] | None = None  # (kl_update window mean, lr scale) before a decrease for the update part, until judged
     lr_off_update: int = 0  # iterations the learning rate still leaves the update part alone (a decrease did not lower it)
-    cap_trial: tuple[float, int | None, int, float, bool] | None = None  # (staleness window mean, max_lag, largest lag, lr scale) before a max_lag decrease, and whether its flush window has passed; until judged
+    cap_trial: tuple[float, int | None, int, bool] | None = None  # (staleness window mean, max_lag, largest lag) before a max_lag decrease, and whether its flush window has passed; until judged
     trial_floor: int = 1  # the floor a failed max_lag trial set (`judge_cap_trial`), for `trial_floor_left` iterations
     trial_floor_left: int = 0
 
@@ -400,17 +400,18 @@ def judge_cap_trial(limits: ControllerLimits, state: ControllerState, mean: floa
     sqrt(f) (half of it in log terms: room for the windows' noise) is not the lag's: max_lag
     goes back, and that cap (one over the largest lag seen, for unlimited) is the floor of
     decreases for 4 x `limits.history` iterations (not for good: the windows' noise fails a
-    trial now and then on the synthetic plant of `tests/test_kl_control.py`). The staleness
-    before is scaled by the square of any learning-rate change over the trial (kept unjudged
-    instead, such trials held max_lag at 1 for 150 iterations on the pendulum task at 0.008,
-    17k env steps/s against 74k). Returns None where the decrease is kept or there was no
-    trial, else the state and the verdict in words."""
+    trial now and then on the synthetic plant of `tests/test_kl_control.py`). The learning rate
+    holds while a trial runs (`update_step`): one factor at a time. (Kept unjudged where the
+    rate moved in their windows, trials held max_lag at 1 for 150 iterations on the pendulum
+    task at 0.008, 17k env steps/s against 74k; judged with the staleness before scaled by the
+    rate's factor squared, a decrease None -> 3 on the hopper task read 0.34 -> 0.08 as "not
+    lowered", since there the rate did not move the staleness as its square.) Returns None
+    where the decrease is kept or there was no trial, else the state and the verdict in words."""
     if state.cap_trial is None:
         return None
-    before, cap, lag_max, lr_scale, _ = state.cap_trial
+    before, cap, lag_max, _ = state.cap_trial
     state = replace(state, cap_trial=None)
     fall = cap_fall(cap, lag_max, state.knobs.max_lag)
-    before *= (state.lr_scale / lr_scale) ** 2  # what the learning rate moved meanwhile would have made of it
     if fall < CAP_TRIAL_MIN or mean <= before / fall ** 0.5:
         return None
     floor = lag_max + 1 if cap is None else cap
@@ -472,8 +473,8 @@ def staleness_step(
     state = replace(state, kl_mean=mean)
     state, judged = judge_lr_trial(limits, state, mean)
     trial = state.cap_trial
-    if trial is not None and not trial[4]:  # the window after the decrease: a flush, not the cap's
-        state = restart_window(replace(state, cap_trial=trial[:4] + (True,)))
+    if trial is not None and not trial[3]:  # the window after the decrease: a flush, not the cap's
+        state = restart_window(replace(state, cap_trial=trial[:3] + (True,)))
         return state, (f"{judged}staleness {mean:.4g} in the window after a max_lag decrease (what was made before "
                        f"it, flushed): the next window judges the cap"), False
     undone = judge_cap_trial(limits, state, mean)
@@ -505,7 +506,7 @@ def staleness_step(
     why = f"{judged}staleness {compared}: {describe_change(state.knobs, knobs)}"
     moved = knobs_moved(state, knobs, action)
     if action < 0 and knobs.max_lag != state.knobs.max_lag:  # a trial: the next window judges it (`judge_cap_trial`)
-        moved = replace(moved, cap_trial=(mean, state.knobs.max_lag, state.lag_max, state.lr_scale, False))
+        moved = replace(moved, cap_trial=(mean, state.knobs.max_lag, state.lag_max, False))
     return moved, why, False
 
 
@@ -553,6 +554,8 @@ def update_step(
     staleness is over its aim with every lag knob at its floor, so the learning rate also takes
     that decrease (and the staleness window starts again, as after a knob change). Returns the
     state and the decision in words."""
+    if state.cap_trial is not None:
+        return state, "lr hold: a max_lag trial is judging the staleness (one factor at a time)"
     staleness = sum(state.kls) / len(state.kls) if state.kls else state.kl_mean
     floor = floor and state.lr_off_staleness == 0
     if len(state.updates) < limits.window and not floor:
@@ -685,7 +688,7 @@ def state_from_dict(data: Mapping[str, Any]) -> ControllerState:
         "update_trial": None if data.get("update_trial") is None else tuple(float(x) for x in data["update_trial"]),
         "cap_trial": None if data.get("cap_trial") is None else (
             float(data["cap_trial"][0]), None if data["cap_trial"][1] is None else int(data["cap_trial"][1]),
-            int(data["cap_trial"][2]), float(data["cap_trial"][3]), bool(data["cap_trial"][4])),
+            int(data["cap_trial"][2]), bool(data["cap_trial"][3])),
     }
     for f in fields(ControllerState):
         if f.name not in values and f.name in data:
