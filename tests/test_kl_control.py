@@ -246,6 +246,7 @@ def test_staleness_over_its_band_lowers_the_knobs_and_holds_the_learning_rate():
     assert [s.action for s in states] == [0, -1, 0, 0, 0, -1]  # a decision per full window
     assert "the next window judges the cap" in states[3].reason and states[3].cap_trial == (0.03, None, 4, True)
     assert states[1].knobs == LagKnobs((True, True), 1, 2) and states[5].knobs == LagKnobs((True, True), 1, 1)
+    assert states[5].reason.startswith("max_lag 2 kept (staleness 0.03 -> 0.02); staleness 0.02 > aim")
     assert states[1].cap_trial == (0.03, None, 4, False) and states[5].cap_trial == (0.02, 2, 4, False)
     assert all(s.lr_scale == 1.0 and s.lr_action == 0 for s in states)
 

@@ -483,6 +483,7 @@ def staleness_step(
         return state, judged + why, False
     if trial is not None:  # kept: its window's waste was the flush of what was made before it
         state = replace(state, cap_trial=None, window_produced=0, window_wasted=0)
+        judged += f"max_lag {state.knobs.max_lag} kept (staleness {trial[0]:.4g} -> {mean:.4g}); "
     loosened = None if trial is not None else loosen_wasting_cap(limits, state)
     if loosened is not None:
         state, why = loosened
