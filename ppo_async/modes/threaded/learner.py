@@ -263,6 +263,7 @@ class Learner:
         if items is None:
             return False
         got = time.perf_counter()
+        shared.learner_updating.set()  # until the new version is published (the samplers' freshness gate)
         tags = [tag for _, tag in items]
         version_before = self.version
         heartbeat.enter("update", DEVICE)  # one compiled program (collectives included): not judged
@@ -331,6 +332,7 @@ class Learner:
         self.version = int(version)
         if self.version > version_before:
             self.shared.store.publish(distributed.local_value(snapshot_of(self.train_state)))
+        self.shared.learner_updating.clear()
         self.phases.update(learner_place_s=placed - start, learner_update_s=updated - placed,
                            learner_fetch_s=fetched - updated, learner_publish_s=time.perf_counter() - fetched)
         return dict(metrics), int(sgd_steps)

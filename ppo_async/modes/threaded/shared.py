@@ -188,6 +188,7 @@ class RunShared:
     logger_heartbeat: Heartbeat = field(default_factory=Heartbeat)  # the calling thread's
     max_queue_depth: int = 0  # most iterations ever waiting for the logger
     plan: LagPlan | None = None  # a barrier run's lag schedule and delivery order (None: lag from timing)
+    learner_updating: threading.Event = field(default_factory=threading.Event)  # set from a batch's take to its publish
     # The lag knobs in force: the config's, replaced as a whole by the KL controller (readers
     # take one reference per step, so each sees a consistent set)
     knobs: kl_control.LagKnobs = field(init=False)
