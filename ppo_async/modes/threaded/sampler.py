@@ -39,7 +39,7 @@ class FreshnessGate:
     of a run at max_lag 1 on a loaded machine.)"""
 
     def __init__(self, store: ParamStore, version: int, max_lag: int, chunks_per_batch: int,
-                 updating: Callable[[], bool] = lambda: True) -> None:
+                 updating: Callable[[], bool]) -> None:
         self.store, self.version, self.max_lag, self.chunks_per_batch = store, version, max_lag, chunks_per_batch
         self.updating = updating
         self.refused = False
@@ -270,7 +270,6 @@ class Sampler:
         self.stats.enter("put", WAIT)
         if self.rollout_s * self.shared.store.version_rate() > knobs.max_lag:
             self.shared.stop.wait(min(POLL_S, self.rollout_s / 8))  # the rate is measured again soon
-            self.reserved = False
         else:
             depth = max(1, knobs.max_lag) * self.shared.config.effective_chunks_per_batch
             self.reserved = self.shared.buffer.reserve(depth, timeout=POLL_S)
