@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "lag_histogram_of": "ppo_async.report.analysis",
     "per_sampler": "ppo_async.report.analysis",
     "summarize": "ppo_async.report.analysis",
+    "plot_run": "ppo_async.report.plots",
     "Config": "ppo_async.config",
     "ConfigError": "ppo_async.config",
     "EnvOptions": "ppo_async.config",

@@ -16,9 +16,9 @@ from ppo_async.cli import main
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """CartPole, default hyperparameters, 30k env steps (learns to > 100 return)."""
+    """CartPole, default hyperparameters, 30k env steps (learns to > 100 return), with its plots."""
     run_dir = tmp_path_factory.mktemp("runs") / "cartpole"
-    train(Config(env="CartPole-v1", total_env_steps=30_000, run_dir=str(run_dir)))
+    train(Config(env="CartPole-v1", total_env_steps=30_000, run_dir=str(run_dir), plots=True))
     return run_dir
 
 
@@ -54,10 +54,11 @@ def test_tensorboard_events_hold_every_scalar(trained, short):
     assert {"seed_0/policy_loss", "seed_1/policy_loss", "seed_1/value_loss"} <= tags
 
 
-def test_run_writes_plots_and_final_checkpoint(trained):
+def test_run_writes_plots_with_plots_on_and_always_its_final_checkpoint(trained, short):
     for name in ("learning_curve.png", "kl_over_time.png", "throughput.png"):
         assert (trained / name).stat().st_size > 0
     assert (trained / "checkpoints" / "29").is_dir()
+    assert not list(short.glob("*.png")) and (short / "checkpoints" / "2").is_dir()  # plots = False, the default
 
 
 def test_plot_command_regenerates_and_combines(trained, short, tmp_path, capsys):

@@ -25,7 +25,7 @@ TINY = dict(env="CartPole-v1", total_env_steps=256, rollout=pa.RolloutConfig(num
 def two_runs(tmp_path_factory):
     """runs/base (sync, 2 seeds) and runs/lag2 (simulated, fixed lag 2), 4 iterations each."""
     root = tmp_path_factory.mktemp("cmp") / "runs"
-    pa.train(pa.Config(num_seeds=2, run_dir=str(root / "base"), **TINY))
+    pa.train(pa.Config(num_seeds=2, run_dir=str(root / "base"), plots=True, **TINY))
     pa.train(pa.Config(mode="simulated", lag=pa.LagConfig(K=2), run_dir=str(root / "lag2"), **TINY))
     return root / "base", root / "lag2"
 
@@ -120,6 +120,7 @@ def test_default_outputs_go_under_runs_and_a_glob_of_runs_still_names_runs(two_r
 def test_plot_labels_leave_the_runs_own_pngs(two_runs, tmp_path, capsys):
     base, lag2 = two_runs
     before = {p.name: p.stat().st_mtime_ns for p in base.glob("*.png")}
+    assert "learning_curve.png" in before  # the run drew its own (plots = True)
     out = tmp_path / "figs"
     assert main(["plot", str(base), str(lag2), "--labels", "sync", "lagged", "--out", str(out)]) == 0
     assert {p.name: p.stat().st_mtime_ns for p in base.glob("*.png")} == before  # not rewritten

@@ -67,6 +67,7 @@ BAD_API_INPUTS = [
     (lambda: pa.Config(checkpoint_every_steps=5000), r"checkpoint_every_steps = 5000 has no effect.*run_dir"),
     (lambda: pa.Config(keep_checkpoints=1), r"keep_checkpoints = 1 has no effect"),
     (lambda: pa.Config(overwrite=True), r"overwrite = True has no effect"),
+    (lambda: pa.Config(plots=True), r"plots = True has no effect.*no run_dir to write the plots into"),
 ]
 
 

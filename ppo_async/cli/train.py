@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import shlex
 from typing import Annotated, Any, Mapping, Sequence
 
 import numpy as np
@@ -310,7 +311,9 @@ def run_train(run: TrainRun) -> int:
         sps = steps * config.num_seeds / max(result.run_seconds, 1e-9)
         print(f"done: {steps} env steps per seed in {result.run_seconds:.1f}s (+{result.compile_seconds:.1f}s compile), "
               f"{sps:,.0f} env steps/s; final return (mean of last 10% of iterations): {finals}", flush=True)
-        print(f"metrics: {os.path.join(config.run_dir, 'metrics.jsonl')}", flush=True)
+        plots = ("PNG plots in the run dir" if config.plots
+                 else f"plots: python -m ppo_async plot {shlex.quote(config.run_dir)}")
+        print(f"metrics: {os.path.join(config.run_dir, 'metrics.jsonl')}; {plots}", flush=True)
     if run.timings and result.extras.get("startup"):
         from ppo_async.run.startup import STARTUP_FILE, describe
 

@@ -52,7 +52,7 @@ def check_fields_apply(config: Any) -> None:
     fields need mode='threaded' (`threaded.latency_jitter` also needs a latency);
     `ppo.rho_bar` / `ppo.c_bar` need advantage_estimator='vtrace'; `ppo.is_clip` /
     `ppo.prox_ewma` need objective='decoupled'; eval_episodes needs evaluation
-    (eval_every_steps > 0); checkpoint_every_steps, keep_checkpoints and overwrite need a run_dir.
+    (eval_every_steps > 0); checkpoint_every_steps, keep_checkpoints, overwrite and plots need a run_dir.
     """
     check_env_options(config)
     for name in _changed(config.lag, LagConfig()):
@@ -83,6 +83,8 @@ def check_fields_apply(config: Any) -> None:
         for name in ("checkpoint_every_steps", "keep_checkpoints", "overwrite"):
             if getattr(config, name) != type(config).__dataclass_fields__[name].default:
                 _inert(name, getattr(config, name), "there is no run_dir to write checkpoints into")
+        if config.plots:
+            _inert("plots", config.plots, "there is no run_dir to write the plots into")
 
 
 def _lag_inert_reason(config: Any, name: str) -> str | None:

@@ -57,7 +57,7 @@ def env_check_deferred() -> Iterator[None]:
 
 
 HOST_ONLY_FIELDS = ("seed", "run_dir", "checkpoint_every_steps", "keep_checkpoints", "wandb_project", "eval_every_steps",
-                    "eval_episodes", "log_every", "overwrite", "checkpoint_every", "eval_every")
+                    "eval_episodes", "log_every", "overwrite", "plots", "checkpoint_every", "eval_every")
 
 DEPRECATED_CADENCES = {"eval_every": "eval_every_steps", "checkpoint_every": "checkpoint_every_steps"}
 """The cadences once counted in learner iterations (deprecated for one release) -> the fields
@@ -116,7 +116,7 @@ class Config:
     num_samplers: int | None = None
     """Samplers, each with its own envs, env seeds and parameter snapshot: threads in threaded mode (None = 2), emulated samplers in simulated mode (None = 1, or what the lag schedule names: len(lag.per_sampler), the replayed file's samplers); sync mode has one (leave it None). The run's count is `Config.effective_num_samplers`."""
     run_dir: str | None = None
-    """Directory for config.json, metrics.jsonl, checkpoints/, tb/ and plots; None writes nothing."""
+    """Directory for config.json, metrics.jsonl, checkpoints/, tb/ (and the PNG plots with plots = True); None writes nothing."""
     checkpoint_every_steps: int = 0
     """Save a checkpoint into RUN_DIR/checkpoints every this many env steps, rounded to whole learner iterations (and after the last); 0 = only the final one."""
     keep_checkpoints: int = 3
@@ -131,6 +131,8 @@ class Config:
     """Learner iterations per metrics row: a row aggregates the iterations since the previous one (means, maxima, summed histograms and counts, the last counters; `ppo_async.report.aggregate`), in metrics.jsonl, TensorBoard, W&B and TrainResult.metrics alike. The non-finite checks, the sample accounting and the warnings still run every iteration."""
     overwrite: bool = False
     """Replace a run already in run_dir (its metrics, checkpoints, schedules and plots); without it a run_dir holding a run is refused (resume it instead)."""
+    plots: bool = False
+    """Also write the run's PNG plots into run_dir when it ends (learning curve, KL over time, throughput, and the lag figures where the metrics have them). Off by default: drawing them imports matplotlib and renders each figure, about 1.3 s on 2 CPU cores, more than a short run trains; `python -m ppo_async plot RUN_DIR` (or `ppo_async.plot_run(run_dir)`) draws the same figures from metrics.jsonl at any time, also while the run goes on."""
     checkpoint_every: int = 0
     """Deprecated (goes in the next release): checkpoint_every_steps in learner iterations. Setting it sets checkpoint_every_steps = it x the learner batch, with a FutureWarning, and it reads 0 again."""
     eval_every: int = 0

@@ -38,7 +38,8 @@ def train(
     (every `config.checkpoint_every_steps` env steps, in whole iterations, and at the end), TensorBoard events in tb/,
     at the first result startup.json (where the seconds before it went: imports, env, tracing,
     XLA compile, the first iteration; `ppo_async.run.startup`, also in
-    `TrainResult.extras["startup"]`) and, once the run is done, the PNG plots of `plots.plot_run`. A run directory that already
+    `TrainResult.extras["startup"]`) and, once the run is done and with `config.plots`, the PNG plots of
+    `plots.plot_run` (else `python -m ppo_async plot RUN_DIR` draws them). A run directory that already
     holds a run is refused unless `config.overwrite` (then it is reset); a non-empty directory
     that is not a run directory is always refused. Both are checked before compiling.
 

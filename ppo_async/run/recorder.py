@@ -49,7 +49,7 @@ ACCOUNTING_FIELDS = ("samples_produced", "samples_consumed", "samples_dropped", 
 # Fields that may differ between a run and its resumption (they do not change the maths).
 # total_env_steps may grow (an extension; `rundir.check_can_start` refuses shrinking).
 RESUME_FREE_FIELDS = ("run_dir", "checkpoint_every_steps", "checkpoint_every", "keep_checkpoints", "wandb_project", "overwrite",
-                      "total_env_steps")
+                      "plots", "total_env_steps")
 
 
 def latest_checkpoint_meta(run_dir: str, keep: int) -> dict[str, Any] | None:
@@ -539,9 +539,9 @@ class RunRecorder:
     # ------------------------------------------------------------------ the end
 
     def result(self, train_state: Any, compile_seconds: float, extras: dict[str, Any] | None = None) -> TrainResult:
-        """Writes the PNG plots (with a run directory) and returns the run's `TrainResult`."""
-        if self.run_dir:
-            from ppo_async.report.plots import plot_run# matplotlib is slow to import
+        """Writes the PNG plots (with a run directory and `config.plots`) and returns the run's `TrainResult`."""
+        if self.run_dir and self.config.plots:
+            from ppo_async.report.plots import plot_run  # matplotlib is slow to import
 
             plot_run(self.run_dir)
         extras = dict(extras or {})

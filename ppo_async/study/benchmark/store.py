@@ -57,8 +57,8 @@ def _grows(first: Mapping[str, Any], spec: Mapping[str, Any], name: str) -> bool
     return False
 
 
-NOT_IN_RESULTS = ("checkpoint_every_steps", "keep_checkpoints")
-"""Config fields no result row depends on (how often a run saves, how many saves it keeps): a
+NOT_IN_RESULTS = ("checkpoint_every_steps", "keep_checkpoints", "plots")
+"""Config fields no result row depends on (how often a run saves, how many saves it keeps, whether it draws its PNGs): a
 benchmark recorded with other values takes today's (e.g. threaded runs that resume since)."""
 
 
