@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import math
 import os
 
@@ -130,6 +131,31 @@ def test_steps_to_threshold_missing_column():
 # ---------------------------------------------------------------------------- final_returns
 
 
+def test_a_results_final_returns_equal_the_frames_and_need_no_pandas():
+    """`TrainResult.final_returns` (the `train` command's last line) reads its rows with numpy
+    only, and gives what `analysis.final_returns` gives on the result's DataFrame."""
+    import subprocess
+    import sys
+
+    code = """
+import json, sys
+from ppo_async.run.result import TrainResult
+rows = [{"seed": s, "iteration": i, "episode_return": v} for s, values in
+        ((1, [None, 4.0, "n/a", 8.0]), (0, [1.0, 2.0, 3.0, 5.0, None, 7.0, 9.0, 10.0, None, None])) for i, v in enumerate(values)]
+result = TrainResult(config=None, train_state=None, metrics=rows, compile_seconds=0.0, run_seconds=0.0)
+print(json.dumps([result.final_returns(0.3).tolist(), result.final_returns().tolist(), "pandas" in sys.modules]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    at_03, at_default, pandas_loaded = json.loads(out)
+    assert at_03 == [10.0, 8.0]  # seed 0: last 3 of 10 (10, None, None); seed 1: int(1.2) = 1 row
+    assert at_default == [pytest.approx(float("nan"), nan_ok=True), 8.0]  # seed 0's last row is None
+    assert not pandas_loaded
+    df = pd.DataFrame([{"seed": s, "episode_return": v} for s, v in ((1, None), (1, 4.0), (1, "n/a"), (1, 8.0))])
+    assert analysis.final_returns(df, 0.5).tolist() == [8.0]  # ("n/a", 8.0)
+
+
+
+
 def test_final_returns_default_fraction():
     # 10 rows per seed, last 10% = the last row
     s = analysis.final_returns(runs())
@@ -210,12 +236,17 @@ def test_empty_frame_gives_empty_series():
 
 
 def test_leaf_module():
+    """analysis imports no JAX and nothing of ours but the rows' own module (`report.metrics`:
+    numpy only, the tail mean it shares with `TrainResult.final_returns`)."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_async", "report", "analysis.py")
     tree = ast.parse(open(path, encoding="utf-8").read())
-    imported = set()
+    imported, ours = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
-    assert imported <= {"__future__", "math", "typing", "numpy", "pandas"}, imported
+            if (node.module or "").startswith("ppo_async"):
+                ours.add(node.module)
+    assert imported <= {"__future__", "math", "typing", "numpy", "pandas", "ppo_async"}, imported
+    assert ours <= {"ppo_async.report.metrics"}, ours

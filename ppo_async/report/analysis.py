@@ -20,6 +20,8 @@ from typing import Sequence, Union
 import numpy as np
 import pandas as pd
 
+from ppo_async.report.metrics import check_fraction, tail_mean
+
 __all__ = [
     "first_reach",
     "steps_to_threshold",
@@ -128,15 +130,7 @@ def steps_to_threshold(
     return _series(keys, values, keys_by, "steps_to_threshold")
 
 
-def _check_fraction(last_fraction) -> float:
-    """`last_fraction` as a float; ValueError unless it is a number in (0, 1]."""
-    try:
-        fraction = float(last_fraction)
-    except (TypeError, ValueError):
-        fraction = math.nan
-    if isinstance(last_fraction, (bool, str, bytes)) or not 0 < fraction <= 1:  # NaN fails too
-        raise ValueError(f"last_fraction = {last_fraction!r} is invalid: it must be in (0, 1]")
-    return fraction
+_check_fraction = check_fraction  # (0, 1] or ValueError; one rule with `TrainResult.final_returns`
 
 
 def final_returns(
@@ -168,9 +162,8 @@ def final_returns(
     _check_columns(df, (*keys_by, column))
     keys, values = [], []
     for key, group in _groups(df, keys_by):
-        tail = group.tail(max(1, int(len(group) * fraction)))
         keys.append(key)
-        values.append(float(pd.to_numeric(tail[column], errors="coerce").mean()))
+        values.append(tail_mean(list(group[column]), fraction))
     return _series(keys, values, keys_by, "final_return")
 
 

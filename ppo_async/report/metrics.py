@@ -49,6 +49,40 @@ CORE_FIELDS = (
 )
 
 
+def check_fraction(last_fraction: Any) -> float:
+    """`last_fraction` as a float; ValueError unless it is a number in (0, 1]."""
+    try:
+        fraction = float(last_fraction)
+    except (TypeError, ValueError):
+        fraction = math.nan
+    if isinstance(last_fraction, (bool, str, bytes)) or not 0 < fraction <= 1:  # NaN fails too
+        raise ValueError(f"last_fraction = {last_fraction!r} is invalid: it must be in (0, 1]")
+    return fraction
+
+
+def _as_float(value: Any) -> float:
+    """A number (or a string that spells one, as pandas' `to_numeric` reads it) as a float; NaN otherwise."""
+    if isinstance(value, bool) or value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def tail_mean(values: Sequence[Any], last_fraction: float = 0.1) -> float:
+    """The mean of the last `max(1, int(n * last_fraction))` of n values (one run's rows in
+    iteration order): the "final return" of `TrainResult.final_returns` and
+    `analysis.final_returns`. None and non-numbers in the tail are ignored; NaN if the tail
+    holds no number (or there are no values). Pure numpy: the `train` command's last line
+    needs no pandas."""
+    fraction = check_fraction(last_fraction)
+    tail = values[len(values) - max(1, int(len(values) * fraction)):] if len(values) else []
+    numbers = np.array([_as_float(v) for v in tail], dtype=np.float64)
+    numbers = numbers[~np.isnan(numbers)]
+    return float(numbers.mean()) if numbers.size else math.nan
+
+
 class NonFiniteError(FloatingPointError):
     """Training produced a NaN or infinity; the message names the quantity and the iteration."""
 

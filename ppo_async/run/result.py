@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ppo_async.report.metrics import MetricsLog
+from ppo_async.report.metrics import MetricsLog, check_fraction, tail_mean
 from ppo_async.config import Config
 from ppo_async.run.policy import Policy
 
@@ -62,10 +62,17 @@ class TrainResult:
 
         Reads only the `seed` and `episode_return` columns, so that the end of a long run (the
         `train` command prints these) does not hold every row."""
-        from ppo_async.report import analysis  # pandas: imported when asked, after the run, not before its first result
+        check_fraction(last_fraction)
+        rows = self.metrics.rows(("seed", "episode_return")) if isinstance(self.metrics, MetricsLog) else self.metrics
+        by_seed: dict[Any, list[Any]] = {}
+        for row in rows:
+            by_seed.setdefault(row.get("seed"), []).append(row.get("episode_return"))
+        return np.array([tail_mean(by_seed[seed], last_fraction) for seed in sorted(by_seed, key=_seed_order)], dtype=float)
 
-        frame = self.to_dataframe(columns=("seed", "episode_return"))
-        return np.asarray(analysis.final_returns(frame, last_fraction), dtype=float)
+
+def _seed_order(seed: Any) -> tuple[int, Any]:
+    """Sorts seed labels as `analysis.final_returns` groups them: numbers in order, None last."""
+    return (1, 0) if seed is None else (0, seed)
 
 
 def _columns_of(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> dict[str, list[Any]]:
