@@ -25,6 +25,42 @@ def test_train_writes_config_and_metrics(run_cli, tmp_path):
     assert [r["env_steps"] for r in rows] == [64, 128]
     assert {"iteration", "wall_time", "steps_per_second", "episode_return", "policy_loss",
             "value_loss", "entropy", "approx_kl", "clip_fraction"} <= set(rows[0])
+    # the process ends without the interpreter's teardown (`dispatch.exit_process`): everything
+    # was written and said first
+    assert (run_dir / "checkpoints" / "2" / "commit_success.txt").is_file() and list((run_dir / "tb").iterdir())
+    assert proc.stdout.startswith("final return (mean of last 10% of iterations): ") and str(run_dir) in proc.stdout
+
+
+EXIT_CODE = """
+import atexit, sys, threading, time
+from ppo_async.cli.dispatch import exit_process
+print("said before the exit", end="")  # buffered: stdout is a pipe
+atexit.register(lambda: print(" / atexit ran", file=sys.stderr))
+if sys.argv[1] == "thread":  # a non-daemon thread still running: the usual exit, which waits for it
+    threading.Thread(target=lambda: (time.sleep(0.5), print(" / thread finished", file=sys.stderr))).start()
+exit_process(int(sys.argv[2]))
+"""
+
+
+def test_a_reader_closing_the_pipe_early_gets_no_traceback():
+    import subprocess
+    import sys
+
+    # `true` reads nothing and has exited long before the interpreter writes: the write fails (EPIPE)
+    shell = f"{sys.executable} -m ppo_async train --help | true"
+    proc = subprocess.run(["bash", "-c", f"{shell}; echo ${{PIPESTATUS[0]}}"], capture_output=True, text=True, timeout=120)
+    assert (proc.stdout, proc.stderr) == ("1\n", "")
+
+
+def test_exit_process_flushes_runs_atexit_and_keeps_the_status():
+    import subprocess
+    import sys
+
+    fast = subprocess.run([sys.executable, "-c", EXIT_CODE, "none", "3"], capture_output=True, text=True, timeout=120)
+    assert (fast.returncode, fast.stdout, fast.stderr) == (3, "said before the exit", " / atexit ran\n")
+    waits = subprocess.run([sys.executable, "-c", EXIT_CODE, "thread", "0"], capture_output=True, text=True, timeout=120)
+    assert (waits.returncode, waits.stdout) == (0, "said before the exit")
+    assert waits.stderr == " / thread finished\n / atexit ran\n"
 
 
 def test_summary_is_printed_without_quiet(cli_main, tmp_path):
