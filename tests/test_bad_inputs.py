@@ -410,9 +410,10 @@ SUBPROCESS_CASES = [  # (argv, the flag named, whether JAX may start: the run di
 @pytest.mark.parametrize("argv,field,jax", SUBPROCESS_CASES, ids=[" ".join(a) for a, _, _ in SUBPROCESS_CASES])
 def test_bad_command_line_in_a_subprocess(argv, field, jax):
     """`python -m ppo_async` itself: status 2, one line on stderr, and (for a config error) no JAX."""
-    code = ("import runpy, sys; sys.argv = ['ppo_async', *sys.argv[1:]]\n"
-            "try:\n    runpy.run_module('ppo_async', run_name='__main__')\n"
-            "except SystemExit as e:\n    sys.stdout.write('jax' if 'jax' in sys.modules else 'no-jax'); raise\n")
+    # the entry point runs the atexit handlers, then ends the process (`dispatch.exit_process`)
+    code = ("import atexit, runpy, sys; sys.argv = ['ppo_async', *sys.argv[1:]]\n"
+            "atexit.register(lambda: sys.stdout.write('jax' if 'jax' in sys.modules else 'no-jax'))\n"
+            "runpy.run_module('ppo_async', run_name='__main__')\n")
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().count("\n") == 0 and done.stderr.startswith(f"error: {field} = "), done.stderr

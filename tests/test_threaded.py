@@ -44,7 +44,7 @@ def learner_threads() -> list[str]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("threaded")
-    config = small(run_dir=str(run_dir))
+    config = small(run_dir=str(run_dir), plots=True)
     return config, pa.train(config), run_dir
 
 
