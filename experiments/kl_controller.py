@@ -93,6 +93,7 @@ class Task:
     grid_buffer_chunks: tuple[int, ...]
     slow_factor: float = 4.0
     fields: tuple[tuple[str, Any], ...] = ()  # dotted config fields of every setting, over the env's preset
+    held: tuple[tuple[int, int], ...] = ()  # (samplers, max_lag): fixed settings that hold the lag down
 
 
 TASKS = {
@@ -107,7 +108,7 @@ TASKS = {
     # seed ended at 574 against 1,868 for the grid's 2-sampler setting)
     "hopper": Task("gymnasium/Hopper-v5", threshold=1000.0, total_env_steps=600_000, latency_ms=5.0, bad_samplers=8,
                    bad_buffer_chunks=64, bad_refresh_lag=4, grid_samplers=(2, 4, 8), grid_buffer_chunks=(4, 16, 64),
-                   fields=(("ppo.objective", "decoupled"),)),
+                   fields=(("ppo.objective", "decoupled"),), held=((4, 1), (8, 2))),
 }
 
 
@@ -146,12 +147,14 @@ def latencies(task: Task, samplers: int) -> tuple[float, ...]:
     return (task.latency_ms,) * (samplers - 1) + (task.latency_ms * task.slow_factor,)
 
 
-def setting_config(task: Task, samplers: int, buffer_chunks: int, refresh_lag: int, kl_target: float | None) -> pa.Config:
-    """The task's preset in threaded mode with these knobs (and the controller at `kl_target`, None = off)."""
+def setting_config(task: Task, samplers: int, buffer_chunks: int, refresh_lag: int, kl_target: float | None,
+                   max_lag: int | None = None) -> pa.Config:
+    """The task's preset in threaded mode with these knobs (and the controller at `kl_target`, None = off;
+    `lag.max_lag` = `max_lag`, None = unlimited)."""
     base = pa.config_for_env(task.env, {"mode": "threaded", "total_env_steps": task.total_env_steps, **dict(task.fields)})
     return replace_paths(base, {"num_samplers": samplers, "threaded.sampler_step_latency_ms": latencies(task, samplers),
                                 "threaded.buffer_capacity": buffer_chunks * base.chunk_size,
-                                "threaded.refresh_lag": refresh_lag, "threaded.kl_target": kl_target})
+                                "threaded.refresh_lag": refresh_lag, "threaded.kl_target": kl_target, "lag.max_lag": max_lag})
 
 
 def settings(task: Task, kl_target: float) -> dict[str, pa.Config]:
@@ -160,6 +163,8 @@ def settings(task: Task, kl_target: float) -> dict[str, pa.Config]:
     for samplers in task.grid_samplers:
         for chunks in task.grid_buffer_chunks:
             configs[f"fixed-s{samplers}-b{chunks}"] = setting_config(task, samplers, chunks, 1, None)
+    for samplers, max_lag in task.held:  # the lag held down by hand: samplers hold back under max_lag
+        configs[f"fixed-s{samplers}-lag{max_lag}"] = setting_config(task, samplers, task.bad_buffer_chunks, 1, None, max_lag)
     return configs
 
 
@@ -180,7 +185,8 @@ def measure(df: pd.DataFrame, task: Task, name: str, seed: int, config: pa.Confi
     within, under = kl_fractions(df, target)
     tail = df.iloc[int(len(df) * WARMUP_FRACTION):]
     row = {"setting": name, "seed": seed, "samplers": config.num_samplers,
-           "buffer_chunks": config.buffer_capacity_chunks, "controlled": config.threaded.kl_target is not None,
+           "buffer_chunks": config.buffer_capacity_chunks, "max_lag": config.lag.max_lag,
+           "controlled": config.threaded.kl_target is not None,
            "seconds_to_return": seconds, "steps_to_return": steps, "final_return": m["final_return"],
            "within_1_25_target": within, "under_target": under, "approx_kl_mean": m["approx_kl_mean"],
            "consumer_steps_per_s": m["consumer_steps_per_s"], "wall_time": float(df.wall_time.iloc[-1]),
@@ -281,23 +287,54 @@ def to_return_text(rows: pd.DataFrame) -> str:
     return f"{median} ({int(reached.sum())}/{len(rows)})"
 
 
+HOLDS = 0.8
+"""A setting holds the KL where its seeds' mean fraction of post-warm-up iterations within 1.25x
+the target is at least this (issue 42's target for the controller)."""
+
+
+def is_held(setting: str) -> bool:
+    """Whether `setting` is one of the task's `held` settings (max_lag set by hand), not the grid."""
+    return setting.startswith("fixed-") and "-lag" in setting
+
+
 def against_the_grid(runs: pd.DataFrame, task: Task) -> list[str]:
     """The controlled runs' median seconds to the return against the best and the median fixed
-    setting's (medians over seeds; a setting whose seeds did not all reach it counts as never)."""
+    setting's of the grid (medians over seeds; a setting whose seeds did not all reach it counts
+    as never); then against the fastest fixed setting, grid or held, that holds the KL."""
     seconds = pd.to_numeric(runs.seconds_to_return, errors="coerce").fillna(math.inf)
     medians = seconds.groupby(runs.setting).median()
-    fixed = medians.drop("controlled", errors="ignore")
+    lines = against_the_holders(runs, medians)
+    fixed = medians.drop(["controlled", *[n for n in medians.index if is_held(n)]], errors="ignore")
     if "controlled" not in medians or fixed.empty or not np.isfinite(fixed.min()):
-        return []
+        return lines
     ours, best = medians["controlled"], fixed.min()
     if not np.isfinite(ours):
         reached = int(np.isfinite(seconds[runs.setting == "controlled"]).sum())
         return ["", f"controlled: its median seed did not reach {task.threshold:g} ({reached} of "
                     f"{int((runs.setting == 'controlled').sum())} seeds did); the best fixed setting ({fixed.idxmin()}) "
-                    f"took {best:.2f} s and the median fixed setting {fixed.median():.2f} s (medians over seeds)"]
+                    f"took {best:.2f} s and the median fixed setting {fixed.median():.2f} s (medians over seeds)", *lines]
     return ["", f"controlled: {ours:.2f} s to {task.threshold:g} (median over seeds) = {ours / best:.2f}x the best fixed "
                 f"setting's ({fixed.idxmin()}, {best:.2f} s) and {ours / fixed.median():.2f}x the median fixed "
-                f"setting's ({fixed.median():.2f} s)"]
+                f"setting's ({fixed.median():.2f} s)", *lines]
+
+
+def against_the_holders(runs: pd.DataFrame, medians: pd.Series) -> list[str]:
+    """The fixed settings (grid and held) that hold the KL (`HOLDS`), the fastest of them against
+    the controlled runs (median seconds to the return); or, where none does, the closest."""
+    within = pd.to_numeric(runs.within_1_25_target, errors="coerce").groupby(runs.setting).mean()
+    fixed = within.drop("controlled", errors="ignore")
+    if fixed.empty or "controlled" not in medians:
+        return []
+    holders = fixed[fixed >= HOLDS].index
+    if not len(holders):
+        return [f"no fixed setting holds the KL ({HOLDS:.0%} of iterations within 1.25x the target): the closest, "
+                f"{fixed.idxmax()}, holds {fixed.max():.0%}"]
+    said = ", ".join(f"{n} ({fixed[n]:.0%}, {medians[n]:.2f} s)" for n in sorted(holders, key=lambda n: medians[n]))
+    fastest, ours = min(holders, key=lambda n: medians[n]), medians["controlled"]
+    ratio = f"{ours / medians[fastest]:.2f}x the fastest of them" if np.isfinite(ours) and np.isfinite(medians[fastest]) \
+        else "not comparable (a median seed that did not reach the return)"
+    return [f"fixed settings that hold the KL ({HOLDS:.0%} of iterations within 1.25x the target): {said}; "
+            f"controlled ({within['controlled']:.0%}) = {ratio}"]
 
 
 def task_heading(task_name: str, task: Task, target: float) -> str:
@@ -314,8 +351,8 @@ def task_lines(task_name: str, task: Task, runs: pd.DataFrame, target: float) ->
              f"{task.bad_refresh_lag}; the fixed grid has refresh_lag 1", "",
              f"| setting | seconds to {task.threshold:g} (reached) | final return | KL <= 1.25 x target | KL <= target "
              "| mean KL | staleness | update | env steps/s | wasted |", "|---|---|---|---|---|---|---|---|---|---|"]
-    grid = runs.drop_duplicates("setting").sort_values(["controlled", "samplers", "buffer_chunks"],
-                                                       ascending=[False, True, True])
+    grid = runs.drop_duplicates("setting").assign(held=lambda d: d.setting.map(is_held)).sort_values(
+        ["controlled", "held", "samplers", "buffer_chunks"], ascending=[False, True, True, True])
     for name in grid.setting:
         rows = runs[runs.setting == name]
         lines.append(f"| {name} | {to_return_text(rows)} | {pm(rows.final_return, '.0f')} | "
