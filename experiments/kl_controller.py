@@ -321,6 +321,8 @@ def against_the_grid(runs: pd.DataFrame, task: Task) -> list[str]:
 def against_the_holders(runs: pd.DataFrame, medians: pd.Series) -> list[str]:
     """The fixed settings (grid and held) that hold the KL (`HOLDS`), the fastest of them against
     the controlled runs (median seconds to the return); or, where none does, the closest."""
+    if "within_1_25_target" not in runs.columns:
+        return []
     within = pd.to_numeric(runs.within_1_25_target, errors="coerce").groupby(runs.setting).mean()
     fixed = within.drop("controlled", errors="ignore")
     if fixed.empty or "controlled" not in medians:

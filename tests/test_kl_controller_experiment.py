@@ -29,7 +29,11 @@ def test_settings_are_the_bad_start_and_the_grid():
     for name, task in script.TASKS.items():
         configs = script.settings(task, 0.008)
         assert len(task.grid_samplers) >= 3 and len(task.grid_buffer_chunks) >= 3, name
-        assert len(configs) == 1 + len(task.grid_samplers) * len(task.grid_buffer_chunks)
+        assert len(configs) == 1 + len(task.grid_samplers) * len(task.grid_buffer_chunks) + len(task.held)
+        for samplers, max_lag in task.held:  # the lag held down by hand, no controller
+            held = configs[f"fixed-s{samplers}-lag{max_lag}"]
+            assert (held.num_samplers, held.lag.max_lag, held.threaded.refresh_lag, held.threaded.kl_target,
+                    held.threaded.full_policy) == (samplers, max_lag, 1, None, "block")
         controlled = configs["controlled"]
         assert (controlled.num_samplers, controlled.buffer_capacity_chunks, controlled.threaded.refresh_lag,
                 controlled.threaded.kl_target) == (task.bad_samplers, task.bad_buffer_chunks, task.bad_refresh_lag, 0.008)
@@ -62,6 +66,23 @@ def test_against_the_grid_hand_values():
     assert script.against_the_grid(rows([55.0, float("inf"), float("inf")]), task)[1] == (
         "controlled: its median seed did not reach 1000 (1 of 3 seeds did); the best fixed setting (fixed-a) took "
         "50.00 s and the median fixed setting 75.00 s (medians over seeds)")
+
+
+def test_against_the_holders_hand_values():
+    """The fixed settings whose seeds hold >= 80% of iterations within 1.25x (mean over seeds),
+    the fastest of them against the controlled median; where none does, the closest."""
+    task = script.TASKS["hopper"]
+    rows = lambda within_b: pd.DataFrame({  # noqa: E731
+        "setting": ["controlled"] * 2 + ["fixed-s2-b4"] * 2 + ["fixed-s4-lag1"] * 2,
+        "seconds_to_return": [120.0, 140.0, 40.0, 46.0, 100.0, 118.0],
+        "within_1_25_target": [0.9, 0.8, 0.5, 0.44, within_b, 0.9]})
+    lines = script.against_the_grid(rows(0.7), task)
+    assert lines[1].startswith("controlled: 130.00 s to 1000 (median over seeds) = 3.02x the best fixed setting's "
+                               "(fixed-s2-b4, 43.00 s)")  # the grid alone: the held setting is not in it
+    assert lines[2] == ("fixed settings that hold the KL (80% of iterations within 1.25x the target): fixed-s4-lag1 "
+                        "(80%, 109.00 s); controlled (85%) = 1.19x the fastest of them")
+    assert script.against_the_grid(rows(0.5), task)[2] == (
+        "no fixed setting holds the KL (80% of iterations within 1.25x the target): the closest, fixed-s4-lag1, holds 70%")
 
 
 def test_kl_fractions_hand_values():
