@@ -234,6 +234,30 @@ def test_sigint_says_how_to_resume_and_the_resumed_run_continues(tmp_path, cli_m
     assert pa.load(run_dir).iteration == ITERATIONS
 
 
+def test_every_checkpoint_finds_its_iterations_schedule_on_disk(tmp_path, monkeypatch):
+    """A SIGKILL right after a checkpoint must not lose that iteration's version-schedule
+    records (the resume cuts the schedule back to the checkpoint and makes only the later ones
+    again): when checkpoint k is complete, the records of iterations 1..k are already in the
+    file. (The clean-clone CI once lost iteration 2's this way: the checkpoint was saved before
+    the records were appended.)"""
+    from ppo_async.run.recorder import RunRecorder
+
+    run_dir = tmp_path / "r"
+    seen: list[tuple[int, list[int]]] = []
+    save = RunRecorder.save_checkpoint
+
+    def checked_save(self, iteration, *args, **kwargs):
+        save(self, iteration, *args, **kwargs)
+        records = pa.read_jsonl(run_dir / "version_schedule.jsonl") if (run_dir / "version_schedule.jsonl").exists() else []
+        seen.append((iteration, sorted({r["iteration"] for r in records})))
+
+    monkeypatch.setattr(RunRecorder, "save_checkpoint", checked_save)
+    pa.train(small(run_dir, 6))  # a checkpoint every 2 iterations
+    assert sorted({iteration for iteration, _ in seen}) == [2, 4, 6]
+    for iteration, on_disk in seen:
+        assert on_disk == list(range(1, iteration + 1)), (iteration, on_disk)
+
+
 def test_sigkill_then_resume_keeps_everything_up_to_the_checkpoint(tmp_path):
     run_dir = tmp_path / "killed"
     sigkill_train_when([*CLI_ARGS, "--run-dir", str(run_dir)], lambda: saved_at_least(run_dir, 2), timeout=300)

@@ -259,9 +259,12 @@ def _logger(config: Config, recorder: RunRecorder, shared: RunShared,
                 return
             recorder.log_line(distributed.process_line(item.row))
             row, records = merged
+        # the schedule's records first, flushed: a checkpoint of this iteration (saved by `record`)
+        # then always has them on disk, so a SIGKILL between the two cannot lose them (the resume
+        # cuts the schedule back to the checkpoint and makes the later ones again)
+        recorder.append_schedule(VERSION_SCHEDULE_FILE, records)
         recorder.record([row], row["iteration"], state=lambda: threaded_checkpoint(item.state.train_state),
                         mode_state=lambda: mode_state(item.state, item.row))
-        recorder.append_schedule(VERSION_SCHEDULE_FILE, records)  # flushed per iteration: a SIGKILL keeps it
 
     return log
 
