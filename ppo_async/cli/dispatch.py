@@ -196,7 +196,7 @@ def exit_process(code: int) -> NoReturn:
     teardown once nothing is left to do.
 
     After a run, the interpreter's finalisation (freeing every module, JAX's compiled programs
-    and its CPU client) took 0.45-0.5 s on 2 cores: 13% of a warm 8,192-step CartPole run
+    and its CPU client) took 0.2-0.5 s on 2 cores, up to 13% of a warm 8,192-step CartPole run
     (`experiments/bench_startup.py`). Here stdout and stderr are flushed and every `atexit`
     handler runs (TensorBoard, W&B, logging, jax.distributed's shutdown, ...), as at a normal
     exit, then `os._exit` skips the finalisation; every file of the run is closed by then. Where
