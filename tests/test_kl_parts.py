@@ -181,7 +181,7 @@ def test_the_lr_scale_reaches_the_optimiser_state_and_survives_a_round_trip(star
                                          learning_rate=CONFIG.ppo.learning_rate)
     control = kl_control.initial_state(limits)
     control = kl_control.step(limits, control, kl_control.KlSample(0.5, 0.0, 0.5), 0, [1.0])  # update far over its aim
-    assert control.lr_action == -1 and control.lr_scale == pytest.approx(1 / kl_control.LR_FACTOR)
+    assert control.lr_action == -1 and control.lr_scale == pytest.approx(1 / kl_control.LR_STEP_MAX)  # the largest step: 0.5 is 50x its aim
     scale = control.lr_scale
     restored = controller_from_json(json.loads(json.dumps(controller_to_json(control))))
     assert restored == control

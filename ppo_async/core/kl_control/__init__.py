@@ -54,15 +54,21 @@ throughput, on the mean `kl_staleness` of the `window` iterations since its last
                                                   (`judge_cap_trial`): kept where the next
                                                   window's staleness fell with the lag bound,
                                                   else undone for 4 x `history` iterations
-    2. when neither can (refresh_lag 1, max_lag at its floor): the learning rate / LR_FACTOR
-       (the staleness left is what the updates made while the samples were in flight, which
-       only a smaller update lowers), and the window starts again. It is a trial
-       (`judge_lr_trial`): where the next window's staleness did not fall by more than
-       sqrt(LR_FACTOR) - it is the normalisation statistics drifting over the lag, or the lag
-       in flight, not the updates' drift - the decrease is undone and the learning rate leaves
-       the staleness alone for `history` iterations. Measured (same task, target 0.008): about
-       half the trials failed; without them the rate went to 0.01-0.04x, the staleness hardly
-       moved and learning stalled (final return -306 +- 347 against -203 +- 20 with them).
+    2. when neither can (refresh_lag 1, max_lag at its floor): the learning rate down by the
+       root of the staleness' excess over its aim (`lr_decrease_factor`: KL grows as the
+       square of the step; between LR_FACTOR and LR_STEP_MAX) - the staleness left is what
+       the updates made while the samples were in flight, which only a smaller update lowers
+       - and the window starts again. It is a trial (`judge_lr_trial`): where the next
+       window's staleness did not fall by more than the root of the decrease's factor - it is
+       the normalisation statistics drifting over the lag, or the lag in flight, not the
+       updates' drift - the decrease is undone half way (the verdicts of a plant whose gain
+       moves are often wrong; never under lr_anchor / LR_STEP_MAX, `undo_lr_decrease`) and
+       the learning rate leaves the staleness alone for `history` iterations. Measured before
+       samplers held back (same task, target 0.008): about half the trials failed; without
+       them the rate went to 0.01-0.04x, the staleness hardly moved and learning stalled
+       (final return -306 +- 347 against -203 +- 20 with them).
+       A max_lag decrease too small to judge (a lag bound lowered by less than CAP_TRIAL_MIN)
+       is no trial and holds nothing.
        Pausing samplers is not a rung: measured (same task), a ladder that paused samplers
        took a run from 6 to 1 with the mean lag at 1.00 all along, and its 300k env steps
        17.7 s against 3.8 s for 6 samplers uncontrolled
@@ -82,11 +88,12 @@ on: at a fixed setting of the same task, 64-74% of the iterations' kl_update lie
 of their median (a per-iteration rule moved the learning rate on 163 of 290 iterations, a random
 walk over 0.04-5x)
 
-  lower    lr scale / LR_FACTOR when kl_update > update aim x LR_FACTOR (or at the floor, above);
-           a trial (`judge_update_trial`): where the next window's kl_update did not fall by more
-           than LR_FACTOR, the decrease is undone and the rate leaves the update part alone for
-           `history` iterations (a part no step size makes, e.g. the normalisation statistics
-           moving early in a run);
+  lower    lr scale / sqrt(kl_update / update aim) (`lr_decrease_factor`: at least rl_games'
+           LR_FACTOR, at most LR_STEP_MAX) when kl_update > update aim x LR_FACTOR (or at the
+           floor, above); a trial (`judge_update_trial`): where the next window's kl_update did
+           not fall by more than the decrease's factor, the decrease is undone (all of it) and
+           the rate leaves the update part alone for `history` iterations (a part no step size
+           makes, e.g. the normalisation statistics moving early in a run);
   raise    lr scale x LR_FACTOR when kl_update < update aim / LR_FACTOR and the staleness
            window is not above its band (a larger step also makes the next samples staler);
            at the knobs' floor, not where the staleness x LR_FACTOR^2 would be above it
@@ -94,7 +101,7 @@ walk over 0.04-5x)
            step; without this guard a decrease for the staleness and a raise for the update
            part alternated, 23-29 changes in 230 iterations on the plant of issue 42's
            Pendulum setting, 64-75% of its iterations under 1.25x the target; with it, 0-2
-           changes and 95-100%);
+           changes and 95-100%; 7-11 and 88-95% since the decreases are sized to the excess);
   hold     otherwise, or at a bound.
 
 The band is [aim / LR_FACTOR, aim x LR_FACTOR] rather than rl_games' [threshold / 2, 2 x
@@ -141,11 +148,11 @@ from typing import Sequence
 
 from ppo_async.core.kl_control.ladder import cap_fall, cap_floor, decrease, describe_change, increase
 from ppo_async.core.kl_control.learning_rate import (
-    judge_lr_trial, judge_update_trial, raise_gain, undo_lr_decrease, update_step,
+    judge_lr_trial, judge_update_trial, lr_decrease_factor, raise_gain, trial_fall, undo_lr_decrease, update_step,
 )
 from ppo_async.core.kl_control.staleness import judge_cap_trial, loosen_wasting_cap, staleness_step
 from ppo_async.core.kl_control.state import (
-    CAP_TRIAL_MIN, DECREASE_FACTOR, HISTORY_MIN, KNOB_BAND, LR_FACTOR, LR_MAX, LR_MIN, MARGIN_MAX, STALENESS_SHARE,
+    CAP_TRIAL_MIN, DECREASE_FACTOR, HISTORY_MIN, KNOB_BAND, LR_FACTOR, LR_MAX, LR_MIN, LR_STEP_MAX, MARGIN_MAX, STALENESS_SHARE,
     WASTE_MAX, Aims, ControllerLimits, ControllerState, KlSample, LagKnobs, Supply, controller_metrics, initial_state,
     knobs_moved, quantile, restart_window, state_from_dict, state_to_dict, waste_fraction, with_supply,
 )
@@ -154,6 +161,7 @@ __all__ = [
     "KNOB_BAND",
     "DECREASE_FACTOR",
     "LR_FACTOR",
+    "LR_STEP_MAX",
     "LR_MIN",
     "LR_MAX",
     "STALENESS_SHARE",
@@ -181,6 +189,8 @@ __all__ = [
     "describe_change",
     "cap_fall",
     "cap_floor",
+    "lr_decrease_factor",
+    "trial_fall",
     "undo_lr_decrease",
     "judge_lr_trial",
     "judge_update_trial",

@@ -113,6 +113,10 @@ def staleness_step(
         return state, f"{judged}staleness {compared}, knobs {edge}", action < 0
     why = f"{judged}staleness {compared}: {describe_change(state.knobs, knobs)}"
     moved = knobs_moved(state, knobs, action)
-    if action < 0 and knobs.max_lag != state.knobs.max_lag:  # a trial: the next window judges it (`judge_cap_trial`)
+    if action < 0 and cap_fall(state.knobs.max_lag, state.lag_max, knobs.max_lag) >= CAP_TRIAL_MIN:
+        # a trial: the second window judges it (`judge_cap_trial`), the learning rate held meanwhile; a
+        # smaller decrease (9 -> 8 above a trial's floor) is never judged, so it holds nothing (on issue
+        # 42's Pendulum-v1 setting such steps held the learning rate for 32 of a run's first 100 iterations;
+        # the fraction within 1.25x the target moved within noise: 78/69% at 0.008/0.005 against 79/66%)
         moved = replace(moved, cap_trial=(mean, state.knobs.max_lag, state.lag_max, False))
     return moved, why, False

@@ -14,6 +14,8 @@ DECREASE_FACTOR = 0.5
 """Multiplicative decrease of every lag knob."""
 LR_FACTOR = 1.5
 """The learning rate's step, down and up (rl_games' AdaptiveScheduler)."""
+LR_STEP_MAX = 4.0
+"""The largest learning-rate decrease in one decision (`lr_decrease_factor`)."""
 LR_MIN, LR_MAX = 1e-6, 1e-2
 """The learning rate's bounds (rl_games'), for ppo.learning_rate x the scale."""
 STALENESS_SHARE = 0.5
@@ -134,6 +136,7 @@ class ControllerState:
     cap_trial: tuple[float, int | None, int, bool] | None = None  # (staleness window mean, max_lag, largest lag) before a max_lag decrease, and whether its flush window has passed; until judged
     trial_floor: int = 1  # the floor a failed max_lag trial set (`judge_cap_trial`), for `trial_floor_left` iterations
     trial_floor_left: int = 0
+    lr_anchor: float = 1.0  # the learning-rate scale the last passed trial kept: a failed staleness trial's undo stops at lr_anchor / LR_STEP_MAX
 
 
 def initial_state(limits: ControllerLimits) -> ControllerState:
