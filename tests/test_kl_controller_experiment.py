@@ -30,10 +30,13 @@ def test_settings_are_the_bad_start_and_the_grid():
         configs = script.settings(task, 0.008)
         assert len(task.grid_samplers) >= 3 and len(task.grid_buffer_chunks) >= 3, name
         assert len(configs) == 1 + len(task.grid_samplers) * len(task.grid_buffer_chunks) + len(task.held)
-        for samplers, max_lag in task.held:  # the lag held down by hand, no controller
-            held = configs[f"fixed-s{samplers}-lag{max_lag}"]
+        preset = script.setting_config(task, 2, 4, 1, None).ppo.learning_rate
+        for samplers, max_lag, lr_scale in task.held:  # the KL held by hand, no controller
+            held = configs[script.held_name(samplers, max_lag, lr_scale)]
+            assert script.is_held(script.held_name(samplers, max_lag, lr_scale))
             assert (held.num_samplers, held.lag.max_lag, held.threaded.refresh_lag, held.threaded.kl_target,
                     held.threaded.full_policy) == (samplers, max_lag, 1, None, "block")
+            assert held.ppo.learning_rate == pytest.approx(preset * lr_scale)
         controlled = configs["controlled"]
         assert (controlled.num_samplers, controlled.buffer_capacity_chunks, controlled.threaded.refresh_lag,
                 controlled.threaded.kl_target) == (task.bad_samplers, task.bad_buffer_chunks, task.bad_refresh_lag, 0.008)
@@ -42,6 +45,9 @@ def test_settings_are_the_bad_start_and_the_grid():
         for config in configs.values():
             latency = config.threaded.sampler_step_latency_ms
             assert latency == (task.latency_ms,) * (len(latency) - 1) + (task.latency_ms * 4,)  # the last: a 4x straggler
+    assert [script.held_name(*h) for h in ((4, 1, 1.0), (2, None, 0.5), (6, 1, 0.5))] == [
+        "fixed-s4-lag1", "fixed-s2-lr0.5", "fixed-s6-lag1-lr0.5"]
+    assert not script.is_held("fixed-s2-b4") and not script.is_held("controlled")
     hopper = script.settings(script.TASKS["hopper"], 0.008)["controlled"]
     assert (hopper.env, hopper.num_samplers, hopper.threaded.sampler_step_latency_ms[0]) == ("gymnasium/Hopper-v5", 8, 5.0)
     pendulum = script.settings(script.TASKS["pendulum"], 0.008)["fixed-s6-b16"]
@@ -103,7 +109,8 @@ def test_the_tiny_version_end_to_end(tmp_path, monkeypatch):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     args = script.Args(tasks=("pendulum",), quick=True, out=out)
     runs = pd.read_csv(os.path.join(out, "runs_pendulum.csv"))
-    assert len(runs) == 5 and set(runs.seed) == {0}  # controlled and the grid's four corners
+    assert len(runs) == 6 and set(runs.seed) == {0}  # controlled, the grid's four corners, the first held setting
+    assert "fixed-s2-lr0.5" in set(runs.setting)
     assert runs.within_1_25_target.between(0, 1).all() and (runs.under_target <= runs.within_1_25_target).all()
     controlled = runs[runs.setting == "controlled"].iloc[0]
     assert controlled.samplers == 6 and controlled.buffer_chunks == 64 and controlled.final_lr_scale > 0
