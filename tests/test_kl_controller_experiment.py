@@ -44,7 +44,8 @@ def test_settings_are_the_bad_start_and_the_grid():
         assert fixed.threaded.kl_target is None and fixed.threaded.refresh_lag == 1
         for config in configs.values():
             latency = config.threaded.sampler_step_latency_ms
-            assert latency == (task.latency_ms,) * (len(latency) - 1) + (task.latency_ms * 4,)  # the last: a 4x straggler
+            assert latency == (task.latency_ms,) * (len(latency) - 1) + (task.latency_ms * task.slow_factor,)  # one straggler
+    assert [script.TASKS[name].slow_factor for name in ("pendulum", "pendulum_s8", "hopper")] == [4.0, 2.0, 4.0]
     assert [script.held_name(*h) for h in ((4, 1, 1.0), (2, None, 0.5), (6, 1, 0.5))] == [
         "fixed-s4-lag1", "fixed-s2-lr0.5", "fixed-s6-lag1-lr0.5"]
     assert not script.is_held("fixed-s2-b4") and not script.is_held("controlled")
