@@ -64,9 +64,8 @@ def judge_lr_trial(limits: ControllerLimits, state: ControllerState, mean: float
     sqrt(f) (a quarter of that in log terms, room for the windows' noise) is not the updates'
     doing (e.g. the normalisation statistics drifting over the lag) and a smaller step only
     slows learning, so the decrease is undone half way (`undo_lr_decrease`: the verdict is
-    often wrong) and the learning
-    rate leaves the staleness alone for the next `limits.history` iterations (or until the
-    knobs move), then tries again.
+    often wrong) and the learning rate leaves the staleness alone for the next
+    `limits.history` iterations (or until the knobs move), then tries again.
     Returns the state and the verdict in words ('' when there was no trial)."""
     if state.lr_trial is None:
         return state, ""
