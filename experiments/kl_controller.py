@@ -10,6 +10,7 @@ fast as the best fixed setting of a grid, chosen after the fact?
     python experiments/kl_controller.py --out experiments/results/kl_controller   # publish
     python experiments/kl_controller.py --tasks hopper --kl-target 0.02 --out experiments/results/kl_controller/hopper   # ~80 min alone
     python experiments/kl_controller.py --tasks pendulum --controlled-only --kl-target 0.02 --out DIR   # another target
+    python experiments/kl_controller.py --tasks pendulum --controlled-only --kl-quantiles 0.5 0.65 --out DIR   # the trade-off
 
 Per task (`TASKS`), a slow-simulator regime: each sampler sleeps `latency_ms` per env step and
 the last one `slow_factor` x that (one straggler at every sampler count). Settings, each `num_seeds` threaded
@@ -18,8 +19,12 @@ runs of the task's `total_env_steps`:
                     buffer, refresh_lag `bad_refresh_lag`) with the KL controller on at
                     `kl_target` (two actuators: the lag knobs on kl_staleness, the learning
                     rate on kl_update; `ppo_async.core.kl_control`)
+  controlled-qQ     the same at `threaded.kl_quantile` Q (`--kl-quantiles`; controlled: the
+                    default 0.8): the controller asked to hold fewer iterations, for points
+                    between holding the KL and the wall-clock (frontier.png)
   fixed-sN-bM       every point of the fixed grid: N samplers x an M-chunk buffer (refresh_lag 1,
                     no controller), `grid_samplers` x `grid_buffer_chunks` (3 x 3)
+  fixed-sN-lagL-lrS the task's `held` settings: max_lag and the learning rate set by hand to hold the KL
 Tasks: `pendulum` (Pendulum-v1: the setting of issue 42, 6 samplers, 1 ms per step, a
 16,384-transition buffer at the grid's centre), `pendulum_s8` (the same env from another bad
 start - 8 samplers, a 2x straggler, a 16-chunk buffer, refresh_lag 2 - for the controller at a
@@ -45,7 +50,9 @@ kl_per_iteration.png (the controlled runs' approx_kl per iteration, its parts, t
 the level the controller aims at, target / margin), knobs_over_time.png (the controlled runs'
 refresh_lag, max_lag and learning-rate scale, and the fraction of the samples a max_lag wasted),
 wall_clock_grid.png (median seconds to the return over the fixed grid, the controlled runs'
-beside it) and manifest.json.
+beside it), frontier.png (every setting's median seconds to the return against the fraction of
+iterations it holds within 1.25x the target; the summary names the settings on the front: none
+other is both faster and holds more) and manifest.json.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ import tyro
 
 import ppo_async as pa
 from ppo_async.config import config_from_dict, config_to_dict, replace_paths
+from ppo_async.config.sections import DEFAULT_KL_QUANTILE
 from ppo_async.report import analysis, figures, stats
 from ppo_async.study.manifest import Manifest, default_out, read_manifest, write_summary
 
@@ -137,6 +145,8 @@ class Args:
     """Write summary.txt and the figures again from OUT's finished runs: no training."""
     controlled_only: bool = False
     """Only the controlled runs, no fixed grid (the controller at another --kl-target, into its own --out)."""
+    kl_quantiles: tuple[float, ...] = ()
+    """The controller also at these threaded.kl_quantile values, in (0, 1) and not the default 0.8 (settings controlled-qQ)."""
     jobs: int = 1
     """Runs trained at once, each in its own (spawned) process; 1 = one after another in this process.
     Only for runs bound by the simulated latency, not by the cores (the hopper task): a run's
@@ -158,19 +168,26 @@ def latencies(task: Task, samplers: int) -> tuple[float, ...]:
 
 
 def setting_config(task: Task, samplers: int, buffer_chunks: int, refresh_lag: int, kl_target: float | None,
-                   max_lag: int | None = None, lr_scale: float = 1.0) -> pa.Config:
-    """The task's preset in threaded mode with these knobs (and the controller at `kl_target`, None = off;
-    `lag.max_lag` = `max_lag`, None = unlimited; the preset's learning rate x `lr_scale`)."""
+                   max_lag: int | None = None, lr_scale: float = 1.0, kl_quantile: float | None = None) -> pa.Config:
+    """The task's preset in threaded mode with these knobs (and the controller at `kl_target`, None = off,
+    holding `kl_quantile` of the iterations, None = its default; `lag.max_lag` = `max_lag`, None = unlimited;
+    the preset's learning rate x `lr_scale`)."""
     base = pa.config_for_env(task.env, {"mode": "threaded", "total_env_steps": task.total_env_steps, **dict(task.fields)})
     return replace_paths(base, {"num_samplers": samplers, "threaded.sampler_step_latency_ms": latencies(task, samplers),
                                 "ppo.learning_rate": base.ppo.learning_rate * lr_scale,
                                 "threaded.buffer_capacity": buffer_chunks * base.chunk_size,
-                                "threaded.refresh_lag": refresh_lag, "threaded.kl_target": kl_target, "lag.max_lag": max_lag})
+                                "threaded.refresh_lag": refresh_lag, "threaded.kl_target": kl_target,
+                                "threaded.kl_quantile": kl_quantile, "lag.max_lag": max_lag})
 
 
-def settings(task: Task, kl_target: float) -> dict[str, pa.Config]:
-    """`controlled` (the bad start with the controller) and every fixed grid point, by name."""
-    configs = {"controlled": setting_config(task, task.bad_samplers, task.bad_buffer_chunks, task.bad_refresh_lag, kl_target)}
+def settings(task: Task, kl_target: float, kl_quantiles: tuple[float, ...] = ()) -> dict[str, pa.Config]:
+    """`controlled` (the bad start with the controller), `controlled-qQ` (the same at each
+    `kl_quantiles` value), every fixed grid point and the held settings, by name."""
+    if DEFAULT_KL_QUANTILE in kl_quantiles or len(set(kl_quantiles)) < len(kl_quantiles):
+        raise SystemExit(f"--kl-quantiles {' '.join(f'{q:g}' for q in kl_quantiles)}: each value once, and not "
+                         f"{DEFAULT_KL_QUANTILE:g} (the default quantile: the 'controlled' setting runs it)")
+    configs = {controlled_name(q): setting_config(task, task.bad_samplers, task.bad_buffer_chunks, task.bad_refresh_lag,
+                                                  kl_target, kl_quantile=q) for q in (None, *kl_quantiles)}
     for samplers in task.grid_samplers:
         for chunks in task.grid_buffer_chunks:
             configs[f"fixed-s{samplers}-b{chunks}"] = setting_config(task, samplers, chunks, 1, None)
@@ -178,6 +195,16 @@ def settings(task: Task, kl_target: float) -> dict[str, pa.Config]:
         configs[held_name(samplers, max_lag, lr_scale)] = setting_config(task, samplers, task.bad_buffer_chunks, 1, None,
                                                                          max_lag, lr_scale)
     return configs
+
+
+def controlled_name(kl_quantile: float | None) -> str:
+    """A controlled setting's name: 'controlled' at the default quantile (None), 'controlled-q0.5'."""
+    return "controlled" if kl_quantile is None else f"controlled-q{kl_quantile:g}"
+
+
+def is_controlled(setting: str) -> bool:
+    """Whether `setting` runs the controller ('controlled', 'controlled-qQ')."""
+    return setting == "controlled" or setting.startswith("controlled-q")
 
 
 def held_name(samplers: int, max_lag: int | None, lr_scale: float) -> str:
@@ -205,6 +232,7 @@ def measure(df: pd.DataFrame, task: Task, name: str, seed: int, config: pa.Confi
     row = {"setting": name, "seed": seed, "samplers": config.num_samplers,
            "buffer_chunks": config.buffer_capacity_chunks, "max_lag": config.lag.max_lag,
            "controlled": config.threaded.kl_target is not None,
+           "kl_quantile": config.threaded.effective_kl_quantile if config.threaded.kl_target is not None else None,
            "seconds_to_return": seconds, "steps_to_return": steps, "final_return": m["final_return"],
            "within_1_25_target": within, "under_target": under, "approx_kl_mean": m["approx_kl_mean"],
            "consumer_steps_per_s": m["consumer_steps_per_s"], "wall_time": float(df.wall_time.iloc[-1]),
@@ -323,7 +351,7 @@ def against_the_grid(runs: pd.DataFrame, task: Task) -> list[str]:
     seconds = pd.to_numeric(runs.seconds_to_return, errors="coerce").fillna(math.inf)
     medians = seconds.groupby(runs.setting).median()
     lines = against_the_holders(runs, medians)
-    fixed = medians.drop(["controlled", *[n for n in medians.index if is_held(n)]], errors="ignore")
+    fixed = medians.drop([n for n in medians.index if is_controlled(n) or is_held(n)])
     if "controlled" not in medians or fixed.empty or not np.isfinite(fixed.min()):
         return lines
     ours, best = medians["controlled"], fixed.min()
@@ -343,7 +371,7 @@ def against_the_holders(runs: pd.DataFrame, medians: pd.Series) -> list[str]:
     if "within_1_25_target" not in runs.columns:
         return []
     within = pd.to_numeric(runs.within_1_25_target, errors="coerce").groupby(runs.setting).mean()
-    fixed = within.drop("controlled", errors="ignore")
+    fixed = within.drop([n for n in within.index if is_controlled(n)])
     if fixed.empty or "controlled" not in medians:
         return []
     holders = fixed[fixed >= HOLDS].index
@@ -356,6 +384,45 @@ def against_the_holders(runs: pd.DataFrame, medians: pd.Series) -> list[str]:
         else "not comparable (a median seed that did not reach the return)"
     return [f"fixed settings that hold the KL ({HOLDS:.0%} of iterations within 1.25x the target): {said}; "
             f"controlled ({within['controlled']:.0%}) = {ratio}"]
+
+
+def setting_points(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, its median seconds to the return over seeds (inf where the median seed did not
+    reach it) and its seeds' mean fraction of iterations within 1.25x the target."""
+    seconds = pd.to_numeric(runs.seconds_to_return, errors="coerce").fillna(math.inf)
+    within = pd.to_numeric(runs.within_1_25_target, errors="coerce")
+    return pd.DataFrame({"seconds": seconds.groupby(runs.setting).median(), "within": within.groupby(runs.setting).mean()})
+
+
+def pareto_front(points: pd.DataFrame) -> list[str]:
+    """The settings of `points` (`setting_points`) that no other setting beats in both, fewer
+    seconds to the return and more iterations within 1.25x the target (one at least as good in
+    both and better in one puts a setting off the front), fastest first. A setting whose median
+    seed never reached the return is on it only where it holds the most."""
+    front = []
+    for name, p in points.iterrows():
+        beaten = (points.seconds <= p.seconds) & (points.within >= p.within) & (
+            (points.seconds < p.seconds) | (points.within > p.within))
+        if not beaten.any() and np.isfinite(p.within):
+            front.append(name)
+    return sorted(front, key=lambda n: (points.seconds[n], -points.within[n]))
+
+
+def front_lines(runs: pd.DataFrame) -> list[str]:
+    """The summary's line on the trade-off between holding the KL and the wall-clock: the
+    settings on the front (`pareto_front`), and the fixed ones each controlled setting beats in both."""
+    if "within_1_25_target" not in runs.columns or not runs.setting.map(is_controlled).any():
+        return []
+    points = setting_points(runs)
+    said = lambda n: (f"{n} ({points.seconds[n]:.2f} s" if np.isfinite(points.seconds[n])  # noqa: E731
+                      else f"{n} (median seed not reached") + f", {points.within[n]:.0%})"
+    fixed = [n for n in points.index if not is_controlled(n)]
+    lines = ["front (no other setting both faster to the return and holding more iterations within 1.25x the target): "
+             + ", ".join(said(n) for n in pareto_front(points))]
+    for name in sorted(n for n in points.index if is_controlled(n)):
+        beaten = [n for n in fixed if points.seconds[name] <= points.seconds[n] and points.within[name] >= points.within[n]]
+        lines.append(f"{said(name)} is both faster and holds more than {len(beaten)} of {len(fixed)} fixed settings")
+    return lines
 
 
 def task_heading(task_name: str, task: Task, target: float) -> str:
@@ -373,7 +440,7 @@ def task_lines(task_name: str, task: Task, runs: pd.DataFrame, target: float) ->
              f"| setting | seconds to {task.threshold:g} (reached) | final return | KL <= 1.25 x target | KL <= target "
              "| mean KL | staleness | update | env steps/s | wasted |", "|---|---|---|---|---|---|---|---|---|---|"]
     grid = runs.drop_duplicates("setting").assign(held=lambda d: d.setting.map(is_held)).sort_values(
-        ["controlled", "held", "samplers", "buffer_chunks"], ascending=[False, True, True, True])
+        ["controlled", "held", "samplers", "buffer_chunks", "setting"], ascending=[False, True, True, True, True])
     for name in grid.setting:
         rows = runs[runs.setting == name]
         lines.append(f"| {name} | {to_return_text(rows)} | {pm(rows.final_return, '.0f')} | "
@@ -382,7 +449,7 @@ def task_lines(task_name: str, task: Task, runs: pd.DataFrame, target: float) ->
                      f"{pm(rows.kl_update_mean, '.4f')} | {pm(rows.consumer_steps_per_s, ',.0f')} | "
                      f"{pm(rows.get('wasted_fraction', pd.Series(dtype=float)) * 100, '.0f')}% |")
     controlled = runs[runs.setting == "controlled"]
-    lines += against_the_grid(runs, task)
+    lines += against_the_grid(runs, task) + front_lines(runs)
     if len(controlled) and "final_active_samplers" in controlled.columns:
         lines.append("\ncontrolled, at the end (per seed): " + "; ".join(
             f"{int(r.final_active_samplers)} samplers, refresh_lag {int(r.final_refresh_lag)}, max_lag "
@@ -473,6 +540,36 @@ def plot_grid(out: str, tasks: dict[str, Task], runs: dict[str, pd.DataFrame]) -
     figures.save(fig, os.path.join(out, "wall_clock_grid.png"))
 
 
+def plot_front(out: str, tasks: dict[str, Task], runs: dict[str, pd.DataFrame]) -> None:
+    """Per task, every setting's median seconds to the return against its seeds' mean fraction of
+    iterations within 1.25x the target (`setting_points`): the grid, the held settings and the
+    controlled ones, the front (`pareto_front`) joined, the 80% the controller is asked for dashed.
+    Settings whose median seed never reached the return are left out (named in the title)."""
+    fig, axes = figures.grid_figure(len(tasks), width=6.0, height=4.2)
+    for ax, (task_name, task) in zip(axes, tasks.items()):
+        df = runs.get(task_name, pd.DataFrame())
+        points = setting_points(df) if len(df) and "within_1_25_target" in df.columns else pd.DataFrame(columns=["seconds", "within"])
+        shown = points[np.isfinite(points.seconds.astype(float))]
+        for name, p in shown.iterrows():
+            kind = "controlled" if is_controlled(name) else "held" if is_held(name) else "grid"
+            style = {"controlled": ("*", "C3", 140), "held": ("s", "C1", 40), "grid": ("o", "C0", 40)}[kind]
+            ax.scatter(p.seconds, 100 * p.within, marker=style[0], color=style[1], s=style[2], zorder=3)
+            ax.annotate(name.replace("fixed-", ""), (p.seconds, 100 * p.within), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+        front = [n for n in pareto_front(points) if n in shown.index] if len(points) else []
+        if front:
+            ax.plot(shown.seconds[front], 100 * shown.within[front], color="0.5", linewidth=0.8, zorder=2, label="front")
+        ax.axhline(100 * HOLDS, color="C3", linestyle="--", linewidth=0.8, label=f"{HOLDS:.0%} (asked)")
+        missing = sorted(set(points.index) - set(shown.index))
+        ax.set(xscale="log", xlabel=f"seconds to {task.threshold:g} (median over seeds)",
+               ylabel="% of iterations within 1.25x the target")
+        ax.set_title(f"{task_name}: wall-clock against the KL held" + (f"\nnot reached: {', '.join(missing)}" if missing else ""),
+                     fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    figures.save(fig, os.path.join(out, "frontier.png"))
+
+
 # --------------------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------------------
@@ -499,6 +596,7 @@ def summarise(out: str, tasks: dict[str, Task], target: float, note: str) -> Non
     plot_kl(out, tasks, target)
     plot_knobs(out, tasks)
     plot_grid(out, tasks, runs)
+    plot_front(out, tasks, runs)
 
 
 def run_in_worker(out: str, task_name: str, task: Task, name: str, config: dict[str, Any], seed: int,
@@ -519,8 +617,8 @@ def run(args: Args, out: str, tasks: dict[str, Task]) -> None:
         raise SystemExit(f"--jobs {args.jobs}: must be >= 1")
     t0 = time.perf_counter()
     todo = [(task_name, task, name, config, seed) for task_name, task in tasks.items()
-            for seed in range(args.num_seeds) for name, config in settings(task, args.kl_target).items()
-            if name == "controlled" or not args.controlled_only]
+            for seed in range(args.num_seeds) for name, config in settings(task, args.kl_target, args.kl_quantiles).items()
+            if is_controlled(name) or not args.controlled_only]
     if args.jobs == 1:
         for task_name, task, name, config, seed in todo:
             run_one(out, task_name, task, name, config, seed, args.kl_target)

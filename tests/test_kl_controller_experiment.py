@@ -152,3 +152,46 @@ def test_controlled_only_trains_no_fixed_setting(tmp_path, monkeypatch):
     args = script.Args(tasks=("pendulum",), quick=True, num_seeds=2, controlled_only=True, kl_target=0.02)
     script.run(args, str(tmp_path), script.tasks_of(args))
     assert trained == [("pendulum", "controlled")] * 2
+
+
+def test_controlled_settings_at_other_quantiles():
+    """`--kl-quantiles`: the bad start with the controller at each quantile, beside `controlled`
+    (the default 0.8); the default or a repeated value is refused, naming the flag."""
+    task = script.TASKS["pendulum"]
+    configs = script.settings(task, 0.008, (0.5, 0.65))
+    assert [n for n in configs if script.is_controlled(n)] == ["controlled", "controlled-q0.5", "controlled-q0.65"]
+    assert configs["controlled"].threaded.kl_quantile is None
+    for name, q in (("controlled-q0.5", 0.5), ("controlled-q0.65", 0.65)):
+        c = configs[name]
+        assert (c.threaded.kl_quantile, c.threaded.kl_target, c.num_samplers, c.threaded.refresh_lag) == (
+            q, 0.008, task.bad_samplers, task.bad_refresh_lag)
+    assert not script.is_controlled("fixed-s2-b4") and not script.is_held("controlled-q0.5")
+    for bad in ((0.8,), (0.5, 0.5)):
+        with pytest.raises(SystemExit, match=r"--kl-quantiles .*not 0.8"):
+            script.settings(task, 0.008, bad)
+
+
+def _rows(points: dict[str, tuple[list[float], list[float]]]) -> pd.DataFrame:
+    """Run rows from {setting: (seconds to the return per seed, fraction within per seed)}."""
+    return pd.DataFrame([{"setting": name, "seed": i, "seconds_to_return": s, "within_1_25_target": w}
+                         for name, (seconds, within) in points.items() for i, (s, w) in enumerate(zip(seconds, within))])
+
+
+def test_pareto_front_hand_values():
+    """Medians of seconds, means of fractions: fast (1.0 s, 50%), controlled (1.5 s, 80%),
+    controlled-q0.5 (1.2 s, 65%), slow-holder (4 s, 80%: as much held as controlled, slower:
+    off), worse (2 s, 40%: beaten by both controlled settings), never (median seed not reached,
+    90%: holds the most, so on the front)."""
+    runs = _rows({"fixed-s6-b16": ([1.0, 0.9, 1.2], [0.5, 0.5, 0.5]), "controlled": ([1.4, 1.5, 1.6], [0.8, 0.8, 0.8]),
+                  "controlled-q0.5": ([1.2, 1.2, 1.1], [0.6, 0.7, 0.65]), "fixed-s2-lr0.5": ([4.0, 4.0, 4.0], [0.8, 0.8, 0.8]),
+                  "fixed-s4-b4": ([2.0, 2.0, 2.0], [0.4, 0.4, 0.4]), "fixed-s6-lag1": ([None, None, 3.0], [0.9, 0.9, 0.9])})
+    points = script.setting_points(runs)
+    assert points.seconds["controlled"] == 1.5 and points.within["controlled-q0.5"] == pytest.approx(0.65)
+    assert points.seconds["fixed-s6-lag1"] == np.inf
+    assert script.pareto_front(points) == ["fixed-s6-b16", "controlled-q0.5", "controlled", "fixed-s6-lag1"]
+    lines = script.front_lines(runs)
+    assert lines[0].endswith("fixed-s6-b16 (1.00 s, 50%), controlled-q0.5 (1.20 s, 65%), controlled (1.50 s, 80%), "
+                             "fixed-s6-lag1 (median seed not reached, 90%)")
+    assert lines[1] == "controlled (1.50 s, 80%) is both faster and holds more than 2 of 4 fixed settings"  # s4-b4, s2-lr0.5
+    assert lines[2] == "controlled-q0.5 (1.20 s, 65%) is both faster and holds more than 1 of 4 fixed settings"
+    assert script.front_lines(runs[~runs.setting.map(script.is_controlled)]) == []
