@@ -52,7 +52,8 @@ refresh_lag, max_lag and learning-rate scale, and the fraction of the samples a 
 wall_clock_grid.png (median seconds to the return over the fixed grid, the controlled runs'
 beside it), frontier.png (every setting's median seconds to the return against the fraction of
 iterations it holds within 1.25x the target; the summary names the settings on the front: none
-other is both faster and holds more) and manifest.json.
+other is both faster and holds more) and manifest.json (an invocation that adds runs to an OUT
+keeps the manifest of the one before under "earlier"; --summarise-only under "derived_from").
 """
 
 from __future__ import annotations
@@ -649,7 +650,8 @@ def main(args: Args) -> None:
     from ppo_async.runtime.xla_flags import enable_compilation_cache
 
     enable_compilation_cache()
-    with Manifest(out):
+    earlier = read_manifest(out)  # the invocation before this one: its runs are kept, so is its provenance
+    with Manifest(out, extra={} if earlier is None else {"earlier": earlier}):
         run(args, out, tasks)
 
 

@@ -436,6 +436,15 @@ def test_the_margin_from_the_spread_hand_values():
     assert aims_of(limits, [(0.01, 0.01, 0.01)]).margin == 1.0  # the cross term took some: never above the target
     assert aims_of(limits, [(0.5, 0.001, 0.001)]).margin == kl_control.MARGIN_MAX
     assert aims_of(limits, [(0.0, 0.0, 0.0)]).margin == 1.0
+    # the floor binds where the total's quantile sits under the parts' mean (a negative cross term): said, with the numbers
+    assert kl_control.margin_terms(limits, [(0.006, 0.008, 0.004)]) == pytest.approx((0.006, 0.012))
+    assert kl_control.floor_note(limits, [(0.006, 0.008, 0.004)]) == (
+        "margin at its floor 1 (approx_kl's 0.8-quantile 0.006 < the parts' mean 0.012: kl_quantile does not bind); ")
+    assert kl_control.floor_note(limits, history) == "" and kl_control.floor_note(limits, [(0.0, 0.0, 0.0)]) == ""
+    states = run(limits, [KlSample(0.006, 0.008, 0.004)] * 3 + [parts(0.008, 0.004)])  # window 2: decisions from the 2nd
+    assert [s.reason.startswith("margin at its floor 1") for s in states] == [False, True, True, True]
+    assert "0.8-quantile 0.0084 < the parts' mean 0.012" in states[-1].reason  # totals 0.006 x 3 and 0.012: 0.006 + 0.4 x 0.006
+    assert all(s.aims.margin == 1.0 for s in states[1:])
     assert KNOB_BAND == pytest.approx(math.sqrt(2))
 
 

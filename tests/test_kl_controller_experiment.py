@@ -131,6 +131,7 @@ def test_the_tiny_version_end_to_end(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pa, "train", no_training)
     script.main(args)  # every run finished: skipped
+    assert read_manifest(out)["earlier"]["command"] == manifest["command"]  # the first invocation's provenance kept
     with open(os.path.join(out, "pendulum", "runs", "controlled", "seed0", "row.json"), encoding="utf-8") as f:
         assert json.load(f)["setting"] == "controlled"
     os.remove(os.path.join(out, "summary.txt"))
