@@ -562,7 +562,7 @@ def plot_front(out: str, tasks: dict[str, Task], runs: dict[str, pd.DataFrame]) 
             ax.plot(shown.seconds[front], 100 * shown.within[front], color="0.5", linewidth=0.8, zorder=2, label="front")
         ax.axhline(100 * HOLDS, color="C3", linestyle="--", linewidth=0.8, label=f"{HOLDS:.0%} (asked)")
         missing = sorted(set(points.index) - set(shown.index))
-        ax.set(xscale="log", xlabel=f"seconds to {task.threshold:g} (median over seeds)",
+        ax.set(xlabel=f"seconds to {task.threshold:g} (median over seeds)",
                ylabel="% of iterations within 1.25x the target")
         ax.set_title(f"{task_name}: wall-clock against the KL held" + (f"\nnot reached: {', '.join(missing)}" if missing else ""),
                      fontsize=8)

@@ -230,8 +230,8 @@ def floor_note(limits: ControllerLimits, history: Sequence[tuple[float, float, f
     term is negative, the update turning back the drift that made the samples stale), a note
     saying so: there the controller aims the parts at the target itself and `threaded.kl_quantile`
     moves nothing (measured on issue 42's Pendulum-v1 setting at target 0.008: the unclamped
-    ratio 0.4-0.8 all run long, and kl_quantile 0.5 and 0.65 held 80% of the iterations within
-    1.25x the target in 1.56 and 1.61 s to -400, as 0.8 did: 81%, 1.55 s). "" elsewhere."""
+    ratio 0.4-0.8 all run long, and kl_quantile 0.5 and 0.65 held 81% and 79% of the iterations
+    within 1.25x the target in 1.59 and 1.60 s to -400, as 0.8 did: 81%, 1.55 s). "" elsewhere."""
     total_q, parts = margin_terms(limits, history)
     if parts <= 0 or total_q >= parts:
         return ""
