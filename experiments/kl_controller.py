@@ -43,9 +43,13 @@ learning-rate scale ended. The summary gives per setting the median seconds to t
 that reached it / all), and mean ± 95% CI of the rest over seeds.
 
 OUT (default runs/experiments/kl_controller, git-ignored) holds per task TASK/runs/SETTING/seedK/
-(curve.csv.gz: the run's rows, `CURVE_COLUMNS` and whether the iteration measured a KL; row.json: its measurements, written last: a run with a row.json
-is finished and is skipped when the script runs again; one without is run again from the start,
-since a wall-clock to return must be one process's), OUT/runs_TASK.csv (a row per run), OUT/summary.txt,
+(spec.json: the config it trains and the target it is measured against, written first;
+curve.csv.gz: the run's rows, `CURVE_COLUMNS` and whether the iteration measured a KL; row.json:
+its measurements, written last: a run with a row.json is finished and is skipped when the script
+runs again - if its spec.json is this invocation's, else the invocation is refused before it
+trains anything, so rows of another setting or target are never mixed in; one without is run
+again from the start, since a wall-clock to return must be one process's), OUT/runs_TASK.csv (a
+row per run), OUT/summary.txt (refused where OUT's rows were measured against another target),
 kl_per_iteration.png (the controlled runs' approx_kl per iteration, its parts, the target and
 the level the controller aims at, target / margin), knobs_over_time.png (the controlled runs'
 refresh_lag, max_lag and learning-rate scale, and the fraction of the samples a max_lag wasted),
@@ -76,6 +80,7 @@ import ppo_async as pa
 from ppo_async.config import config_from_dict, config_to_dict, replace_paths
 from ppo_async.config.sections import DEFAULT_KL_QUANTILE
 from ppo_async.report import analysis, figures, stats
+from ppo_async.study import store
 from ppo_async.study.manifest import Manifest, default_out, read_manifest, write_summary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -232,7 +237,7 @@ def measure(df: pd.DataFrame, task: Task, name: str, seed: int, config: pa.Confi
     tail = df.iloc[int(len(df) * WARMUP_FRACTION):]
     row = {"setting": name, "seed": seed, "samplers": config.num_samplers,
            "buffer_chunks": config.buffer_capacity_chunks, "max_lag": config.lag.max_lag,
-           "controlled": config.threaded.kl_target is not None,
+           "controlled": config.threaded.kl_target is not None, "kl_target": target,
            "kl_quantile": config.threaded.effective_kl_quantile if config.threaded.kl_target is not None else None,
            "seconds_to_return": seconds, "steps_to_return": steps, "final_return": m["final_return"],
            "within_1_25_target": within, "under_target": under, "approx_kl_mean": m["approx_kl_mean"],
@@ -263,15 +268,40 @@ def run_dir_of(out: str, task_name: str, setting: str, seed: int) -> str:
     return os.path.join(out, task_name, "runs", setting, f"seed{seed}")
 
 
+def run_spec(config: pa.Config, seed: int, target: float) -> dict[str, Any]:
+    """What a run directory's spec.json records: the config it trains and the target its KL fractions are measured against."""
+    return {"kl_target": target, "config": config_to_dict(config.replace(seed=seed))}
+
+
+def spec_refusal(where: str, spec: dict[str, Any]) -> str | None:
+    """Why the finished run in `where` is not the run `spec` asks for (the fields of its spec.json
+    that differ, `store.changed_paths`: config fields added to the code since count as their
+    defaults), None where it is, or where it finished before runs kept a spec."""
+    recorded = store.read_spec(os.path.join(where, "spec.json"))
+    if recorded is None or not os.path.isfile(os.path.join(where, "row.json")):
+        return None
+    recorded = {**recorded, "config": store.as_today(recorded.get("config"))}
+    paths = store.changed_paths(recorded, spec, defaults={"config": config_to_dict(pa.Config())})
+    return (f"{where} holds a finished run of another setting or target (spec.json: {', '.join(paths[:5])}): its row "
+            "would be mixed into this one's; give another --out or delete it") if paths else None
+
+
 def run_one(out: str, task_name: str, task: Task, name: str, config: pa.Config, seed: int, target: float) -> dict[str, Any]:
-    """One run, or its row when it finished before (row.json); an unfinished one starts again."""
+    """One run, or its row when it finished before (row.json, of the same config and target:
+    `spec_refusal`); an unfinished one starts again."""
     where = run_dir_of(out, task_name, name, seed)
     row_path = os.path.join(where, "row.json")
+    spec = run_spec(config, seed, target)
     if os.path.isfile(row_path):
+        refusal = spec_refusal(where, spec)
+        if refusal:
+            raise SystemExit(refusal)
         with open(row_path, encoding="utf-8") as f:
             return json.load(f)
     shutil.rmtree(where, ignore_errors=True)  # an unfinished run: its wall-clock would not be one process's
     os.makedirs(where)
+    with open(os.path.join(where, "spec.json"), "w", encoding="utf-8") as f:
+        json.dump(spec, f, indent=1)
     df = pa.train(config.replace(seed=seed), progress=False).to_dataframe()
     curve = df[[c for c in CURVE_COLUMNS if c in df.columns]].assign(kl_measured=np.isfinite(analysis.measured_kl(df)))
     curve.to_csv(os.path.join(where, "curve.csv.gz"), index=False)
@@ -590,6 +620,10 @@ def summarise(out: str, tasks: dict[str, Task], target: float, note: str) -> Non
     runs, lines = {}, [f"# KL controller against a fixed grid (target {target:g})", ""]
     for task_name, task in tasks.items():
         runs[task_name] = finished_rows(out, task_name)
+        others = sorted(set(runs[task_name].get("kl_target", pd.Series(dtype=float)).dropna()) - {target})
+        if others:  # (rows from before they recorded their target carry none)
+            raise SystemExit(f"{out}: runs of {task_name} measured against kl_target {', '.join(f'{t:g}' for t in others)}, "
+                             f"not {target:g}: summarise them with that --kl-target, or use another --out")
         if len(runs[task_name]):
             runs[task_name].to_csv(os.path.join(out, f"runs_{task_name}.csv"), index=False)
             lines += task_lines(task_name, task, runs[task_name], target)
@@ -620,6 +654,10 @@ def run(args: Args, out: str, tasks: dict[str, Task]) -> None:
     todo = [(task_name, task, name, config, seed) for task_name, task in tasks.items()
             for seed in range(args.num_seeds) for name, config in settings(task, args.kl_target, args.kl_quantiles).items()
             if is_controlled(name) or not args.controlled_only]
+    for task_name, _, name, config, seed in todo:  # before any training: a run of another setting or target refused
+        refusal = spec_refusal(run_dir_of(out, task_name, name, seed), run_spec(config, seed, args.kl_target))
+        if refusal:
+            raise SystemExit(refusal)
     if args.jobs == 1:
         for task_name, task, name, config, seed in todo:
             run_one(out, task_name, task, name, config, seed, args.kl_target)

@@ -5,6 +5,7 @@ invocation; the summary again without training."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -117,6 +118,9 @@ def test_the_tiny_version_end_to_end(tmp_path, monkeypatch):
     assert controlled.samplers == 6 and controlled.buffer_chunks == 64 and controlled.final_lr_scale > 0
     assert runs.wasted_fraction.between(0, 1).all()
     assert (runs[runs.setting != "controlled"].wasted_fraction == 0).all()  # no max_lag: nothing thrown away
+    with open(os.path.join(out, "pendulum", "runs", "controlled", "seed0", "spec.json"), encoding="utf-8") as f:
+        spec = json.load(f)
+    assert spec["kl_target"] == 0.008 and spec["config"]["threaded"]["kl_target"] == 0.008 and spec["config"]["seed"] == 0
     curve = pd.read_csv(os.path.join(out, "pendulum", "runs", "controlled", "seed0", "curve.csv.gz"))
     assert {"kl_staleness", "kl_update", "controller_lr_scale", "controller_reason", "kl_measured"} <= set(curve.columns)
     for name in ("summary.txt", "kl_per_iteration.png", "knobs_over_time.png", "wall_clock_grid.png"):
@@ -196,3 +200,33 @@ def test_pareto_front_hand_values():
     assert lines[1] == "controlled (1.50 s, 80%) is both faster and holds more than 2 of 4 fixed settings"  # s4-b4, s2-lr0.5
     assert lines[2] == "controlled-q0.5 (1.20 s, 65%) is both faster and holds more than 1 of 4 fixed settings"
     assert script.front_lines(runs[~runs.setting.map(script.is_controlled)]) == []
+
+
+def test_finished_runs_of_another_target_or_setting_are_refused_not_mixed(tmp_path, monkeypatch):
+    """A finished run whose spec.json records another target (or config) refuses the invocation
+    before anything trains, naming the fields; the same spec is skipped as finished; rows of
+    another target refuse a summary."""
+    args = script.Args(tasks=("pendulum",), quick=True, num_seeds=1, controlled_only=True, kl_target=0.008)
+    tasks = script.tasks_of(args)
+    config = script.settings(tasks["pendulum"], 0.008)["controlled"]
+    where = script.run_dir_of(str(tmp_path), "pendulum", "controlled", 0)
+    os.makedirs(where)
+    with open(os.path.join(where, "spec.json"), "w", encoding="utf-8") as f:
+        json.dump(script.run_spec(config, 0, 0.008), f)
+    with open(os.path.join(where, "row.json"), "w", encoding="utf-8") as f:
+        json.dump({"setting": "controlled", "seed": 0, "kl_target": 0.008, "seconds_to_return": 1.0,
+                   "within_1_25_target": 0.8}, f)
+    trained = []
+    monkeypatch.setattr(pa, "train", lambda *a, **k: trained.append(a))
+    monkeypatch.setattr(script, "summarise", lambda *a, **k: None)
+    with pytest.raises(SystemExit, match=r"holds a finished run of another setting or target \(spec.json: "
+                                         r"config.threaded.kl_target, kl_target\)"):
+        script.run(dataclasses.replace(args, kl_target=0.02), str(tmp_path), tasks)
+    other = dataclasses.replace(tasks["pendulum"], latency_ms=0.5)  # another task definition: its latencies differ
+    with pytest.raises(SystemExit, match=r"config.threaded.sampler_step_latency_ms"):
+        script.run(args, str(tmp_path), {"pendulum": other})
+    script.run(args, str(tmp_path), tasks)  # the same run: skipped, nothing trained
+    assert trained == []
+    monkeypatch.undo()
+    with pytest.raises(SystemExit, match=r"runs of pendulum measured against kl_target 0.008, not 0.02"):
+        script.summarise(str(tmp_path), tasks, 0.02, "")
